@@ -1,0 +1,360 @@
+"""The transformer core: masks, attention, blocks, embeddings.
+
+Everything in ``classify`` that attends to anything goes through this module; the
+classifier and the encoder-decoder in ``classify.models`` are thin assemblies of it.
+
+Mask convention (the one place it is defined)
+---------------------------------------------
+Masks are boolean tensors where **True means "may attend"**. They broadcast to
+``(batch, heads, q_len, k_len)``:
+
+* :func:`padding_mask` gives ``(B, 1, 1, T)``: every query may look at the real keys.
+* :func:`causal_mask` gives ``(1, 1, T, T)``: query ``i`` may look at keys ``<= i``.
+* :func:`combine_masks` ANDs any number of them (``None`` means "no restriction").
+
+A query row whose keys are *all* masked (e.g. an all-padding sequence) has no
+distribution to attend with; instead of the NaN a softmax over nothing would give,
+its attention output (and its attention weights) are **exactly zero**.
+
+Shapes in comments: B batch, H heads, T/S time (target/source), D model width,
+Dh = D / H head width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "padding_mask",
+    "causal_mask",
+    "combine_masks",
+    "KVCache",
+    "MultiHeadAttention",
+    "FeedForward",
+    "EncoderBlock",
+    "DecoderBlock",
+    "Encoder",
+    "Decoder",
+    "Embedding",
+    "sinusoidal_positions",
+]
+
+
+# --------------------------------------------------------------------------- masks
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Keys that are real tokens. ``tokens`` (B, T) -> bool (B, 1, 1, T), True = attend."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int, device: torch.device | str | None = None, offset: int = 0) -> Tensor:
+    """Queries may attend to themselves and the past only. -> bool (1, 1, length, offset + length).
+
+    ``offset`` is the number of keys already seen (a key/value cache): query ``i``
+    sits at absolute position ``offset + i`` and may attend keys ``<= offset + i``.
+    """
+    q = torch.arange(length, device=device)[:, None] + offset
+    k = torch.arange(offset + length, device=device)[None, :]
+    return (k <= q)[None, None]
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """AND of the given boolean masks (broadcast); ``None`` entries mean "no restriction"."""
+    result: Tensor | None = None
+    for mask in masks:
+        if mask is not None:
+            result = mask if result is None else result & mask
+    return result
+
+
+# ----------------------------------------------------------------------- attention
+@dataclass
+class KVCache:
+    """Projected keys and values kept between decoding steps.
+
+    Self-attention appends each step's key/value (``static=False``); cross-attention
+    projects the encoder memory once and reuses it (``static=True``).
+    ``key``/``value``: (B, H, T_cached, Dh).
+    """
+
+    static: bool = False
+    key: Tensor | None = None
+    value: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.key is None else self.key.shape[2]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses). ``index``: (B',)."""
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2).
+
+    Parameters are laid out like ``torch.nn.MultiheadAttention`` (one packed
+    ``in_proj`` for query/key/value and an ``out_proj``) so weights copy across 1:1.
+
+    The hot path is ``F.scaled_dot_product_attention`` (flash / memory-efficient
+    kernels where the device has them). ``need_weights=True`` takes the explicit
+    softmax(QK^T/sqrt(Dh))V path instead and returns the per-head weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W_q; W_k; W_v]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, Dh)"""
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Input projections -> q, k, v, each (B, H, T, Dh), using/updating ``cache``."""
+        w, b = self.in_proj.weight, self.in_proj.bias
+        d = self.d_model
+        if query is key and key is value and cache is None:
+            # Self-attention: one fused matmul for all three projections.
+            q, k, v = self.in_proj(query).split(d, dim=-1)
+            return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        bq, bk, bv = (None, None, None) if b is None else b.split(d)
+        q = self._split_heads(F.linear(query, w[:d], bq))
+        if cache is not None and cache.static and cache.key is not None:
+            return q, cache.key, cache.value  # cross-attention memory already projected
+        wk, wv = w[d : 2 * d], w[2 * d :]
+        if key is value:
+            k, v = F.linear(key, torch.cat([wk, wv]), None if b is None else torch.cat([bk, bv])).split(d, dim=-1)
+        else:
+            k, v = F.linear(key, wk, bk), F.linear(value, wv, bv)
+        k, v = self._split_heads(k), self._split_heads(v)
+        if cache is not None:
+            if not cache.static and cache.key is not None:
+                k = torch.cat([cache.key, k], dim=2)
+                v = torch.cat([cache.value, v], dim=2)
+            cache.key, cache.value = k, v
+        return q, k, v
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` (B, Tq, D) to ``key``/``value`` (B, Tk, D).
+
+        ``mask``: bool, True = may attend, broadcastable to (B, H, Tq, Tk) where Tk
+        counts cached keys too. Returns ``(output (B, Tq, D), weights)`` where weights
+        are (B, H, Tq, Tk) if ``need_weights`` else ``None``. Query rows with no
+        attendable key get zero output and zero weights.
+        """
+        q, k, v = self._project(query, key, value, cache)
+        dropout_p = self.dropout if self.training else 0.0
+
+        empty_rows: Tensor | None = None
+        if mask is not None:
+            has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
+            if not bool(has_key.all()):
+                # Let empty rows attend everywhere (finite result), then zero them below.
+                empty_rows = ~has_key
+                mask = mask | empty_rows
+
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            if empty_rows is not None:
+                weights = weights.masked_fill(empty_rows, 0.0)
+            out = F.dropout(weights, p=dropout_p) @ v
+        else:
+            weights = None
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, Tq, Dh)
+            if empty_rows is not None:
+                out = out.masked_fill(empty_rows, 0.0)
+
+        b, _, tq, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, tq, self.d_model)  # (B, Tq, D)
+        return self.out_proj(out), weights
+
+
+# -------------------------------------------------------------------------- blocks
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    """Position-wise Linear -> activation -> dropout -> Linear. (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class _Residual(nn.Module):
+    """One sublayer with its LayerNorm and residual, pre-LN or post-LN.
+
+    pre-LN  (default, stable without warmup tricks): x + dropout(f(norm(x)))
+    post-LN (Vaswani's and Bloem's original):        norm(x + dropout(f(x)))
+    """
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention then feed-forward, each wrapped in a residual. (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = True):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.attn_residual = _Residual(d_model, dropout, norm_first)
+        self.ff_residual = _Residual(d_model, dropout, norm_first)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = self.attn_residual(x, lambda h: self.self_attn(h, h, h, mask)[0])
+        return self.ff_residual(x, self.feed_forward)
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, cross-attention to the encoder memory, feed-forward.
+
+    x (B, T, D), memory (B, S, D) -> (B, T, D). ``caches`` (self, cross) enable
+    incremental decoding: feed one new position at a time.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = True):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
+        self.self_residual = _Residual(d_model, dropout, norm_first)
+        self.cross_residual = _Residual(d_model, dropout, norm_first)
+        self.ff_residual = _Residual(d_model, dropout, norm_first)
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None,
+                caches: tuple[KVCache, KVCache] | None = None) -> Tensor:
+        self_cache, cross_cache = caches if caches is not None else (None, None)
+        x = self.self_residual(x, lambda h: self.self_attn(h, h, h, self_mask, cache=self_cache)[0])
+        x = self.cross_residual(x, lambda h: self.cross_attn(h, memory, memory, memory_mask, cache=cross_cache)[0])
+        return self.ff_residual(x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    """A stack of encoder blocks; with pre-LN, a final LayerNorm (the last residual is un-normalised)."""
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = True):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x (B, T, D), mask broadcastable to (B, H, T, T) -> (B, T, D)"""
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    """A stack of decoder blocks; with pre-LN, a final LayerNorm."""
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = True):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first) for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def new_caches(self) -> list[tuple[KVCache, KVCache]]:
+        """Empty (self-attention, cross-attention) caches, one pair per layer."""
+        return [(KVCache(static=False), KVCache(static=True)) for _ in self.layers]
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None,
+                caches: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+        """x (B, T, D), memory (B, S, D) -> (B, T, D)"""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, self_mask, memory_mask, None if caches is None else caches[i])
+        return self.norm(x)
+
+
+# ---------------------------------------------------------------------- embeddings
+def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
+    """Vaswani et al.'s fixed encodings: PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(...). -> (max_len, D)"""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)[:, : d_model // 2]
+    return pe
+
+
+class Embedding(nn.Module):
+    """Token embedding plus position encoding, then dropout. tokens (B, T) -> (B, T, D).
+
+    ``positional="learned"`` is Bloem's (a trained vector per position);
+    ``"sinusoidal"`` is Vaswani's (fixed). Vaswani multiply token embeddings by
+    sqrt(D) so they are not drowned by the unit-scale sinusoids; ``scale=None``
+    picks that for sinusoidal and 1 for learned positions.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float = 0.1,
+                 positional: str = "learned", padding_idx: int | None = None, scale: float | None = None):
+        super().__init__()
+        if positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
+        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
+        self.max_len = max_len
+        if positional == "learned":
+            self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
+        else:
+            self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
+        self.scale = scale if scale is not None else (math.sqrt(d_model) if positional == "sinusoidal" else 1.0)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """``offset``: absolute position of ``tokens[:, 0]`` (incremental decoding)."""
+        t = tokens.shape[1]
+        if offset + t > self.max_len:
+            raise ValueError(f"sequence of length {offset + t} exceeds max_len {self.max_len}")
+        x = self.tokens(tokens) * self.scale + self.positions[offset : offset + t]
+        return self.dropout(x)

@@ -1,0 +1,295 @@
+"""The two models built on ``classify.core``.
+
+``Classifier``  tokens (B, T) -> Embedding -> Encoder -> masked pooling -> Linear -> logits (B, C)
+``Transformer`` src (B, S), tgt (B, T) -> Encoder(src) = memory -> Decoder(tgt, memory) -> logits (B, T, V)
+
+Both are constructible from keyword arguments or from a config dataclass that
+round-trips through JSON (``to_dict`` / ``from_dict``); checkpoints store the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_masks, padding_mask
+
+__all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
+
+
+class _Config:
+    """JSON round-trip for the config dataclasses; unknown keys are an error, not silently dropped."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+        return cls(**data)
+
+    def validate(self) -> None:
+        d, h = self.d_model, self.num_heads  # type: ignore[attr-defined]
+        if d <= 0 or h <= 0 or d % h:
+            raise ValueError(f"d_model ({d}) must be a positive multiple of num_heads ({h})")
+
+
+def _init_weights(module: nn.Module) -> None:
+    """Xavier-uniform matrices (as the Annotated Transformer and nn.Transformer do), zero biases."""
+    for name, p in module.named_parameters():
+        if p.dim() > 1 and "positions" not in name:
+            nn.init.xavier_uniform_(p)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+
+
+# ---------------------------------------------------------------------- classifier
+@dataclass
+class ClassifierConfig(_Config):
+    vocab_size: int
+    num_classes: int = 2
+    d_model: int = 128
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 512
+    max_len: int = 512
+    dropout: float = 0.1
+    pad_id: int = 0
+    pooling: str = "mean"          # "mean" | "max" | "first" (over real tokens only)
+    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani)
+    activation: str = "gelu"
+    norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
+    mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
+
+    def validate(self) -> None:
+        super().validate()
+        if self.pooling not in ("mean", "max", "first"):
+            raise ValueError(f"pooling must be 'mean', 'max' or 'first', got {self.pooling!r}")
+
+
+class Classifier(nn.Module):
+    """Encoder-only sequence classifier (Bloem, "Transformers from scratch").
+
+    ``Classifier(vocab_size=..., num_classes=2, d_model=..., num_heads=..., num_layers=...,
+    d_ff=..., max_len=..., dropout=..., pad_id=0)`` or ``Classifier(config)``.
+    """
+
+    def __init__(self, config: ClassifierConfig | None = None, **kwargs: Any):
+        super().__init__()
+        if config is None:
+            config = ClassifierConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a ClassifierConfig or keyword arguments, not both")
+        config.validate()
+        self.config = config
+        c = config
+        self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
+        self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first)
+        self.head = nn.Linear(c.d_model, c.num_classes)
+        _init_weights(self)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes)."""
+        return self.head(self.pool(self.encode(tokens), tokens))
+
+    def encode(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> contextual token vectors (B, T, D)."""
+        mask = padding_mask(tokens, self.config.pad_id) if self.config.mask_padding else None
+        return self.encoder(self.embed(tokens), mask)
+
+    def pool(self, hidden: Tensor, tokens: Tensor) -> Tensor:
+        """hidden (B, T, D) -> (B, D), pooling over real tokens only (unless ``mask_padding`` is off)."""
+        if self.config.pooling == "first":
+            return hidden[:, 0]
+        if self.config.mask_padding:
+            real = (tokens != self.config.pad_id).unsqueeze(-1)  # (B, T, 1)
+        else:
+            real = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(-1)
+        if self.config.pooling == "max":
+            return hidden.masked_fill(~real, float("-inf")).amax(dim=1).nan_to_num(neginf=0.0)
+        count = real.sum(dim=1).clamp(min=1).to(hidden.dtype)  # (B, 1); an all-pad row pools to zeros
+        return (hidden * real).sum(dim=1) / count
+
+
+# ------------------------------------------------------------------ encoder-decoder
+@dataclass
+class TransformerConfig(_Config):
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    max_len: int = 256
+    dropout: float = 0.1
+    pad_id: int = 0
+    positional: str = "sinusoidal"
+    activation: str = "relu"
+    norm_first: bool = True
+    tie_embeddings: bool = False   # share the target embedding with the output projection
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder transformer (Vaswani et al. 2017), pre-LN by default.
+
+    ``forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab_size)``; ``tgt`` is the
+    decoder input (the target shifted right, starting with BOS).
+    """
+
+    def __init__(self, config: TransformerConfig | None = None, **kwargs: Any):
+        super().__init__()
+        if config is None:
+            config = TransformerConfig(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a TransformerConfig or keyword arguments, not both")
+        config.validate()
+        self.config = config
+        c = config
+        self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
+        self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
+        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first)
+        self.encoder = Encoder(c.num_encoder_layers, *layer_args)
+        self.decoder = Decoder(c.num_decoder_layers, *layer_args)
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
+        _init_weights(self)
+        if c.tie_embeddings:
+            self.generator.weight = self.tgt_embed.tokens.weight
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> (memory (B, S, D), source padding mask (B, 1, 1, S))."""
+        src_mask = padding_mask(src, self.config.pad_id)
+        return self.encoder(self.src_embed(src), src_mask), src_mask
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor,
+               caches: list[tuple[KVCache, KVCache]] | None = None) -> Tensor:
+        """tgt (B, T), memory (B, S, D) -> logits (B, T, V).
+
+        With ``caches`` (from ``self.decoder.new_caches()``) ``tgt`` holds only the new
+        positions; earlier positions' keys/values come from the caches.
+        """
+        offset = 0 if caches is None else caches[0][0].length
+        t = tgt.shape[1]
+        self_mask = causal_mask(t, tgt.device, offset)  # (1, 1, T, offset + T)
+        if caches is None:
+            # Padding is only ever at the end, so the causal mask already hides it from real
+            # queries; adding the key padding mask keeps pad queries from attending to pad.
+            self_mask = combine_masks(self_mask, padding_mask(tgt, self.config.pad_id))
+        x = self.decoder(self.tgt_embed(tgt, offset), memory, self_mask, src_mask, caches)
+        return self.generator(x)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        memory, src_mask = self.encode(src)
+        return self.decode(tgt, memory, src_mask)
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, beam_size: int = 1,
+                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
+        """Autoregressive decoding. src (B, S) -> tokens (B, T) starting with ``bos_id``.
+
+        ``beam_size=1`` is greedy. Finished rows are padded with ``pad_id`` after EOS.
+        ``use_cache=False`` re-runs the whole decoder every step (for tests and benchmarks).
+        Beam hypotheses are ranked by log-prob / length**length_penalty.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            if beam_size == 1:
+                return self._greedy(src, max_new_tokens, bos_id, eos_id, use_cache)
+            return self._beam(src, max_new_tokens, bos_id, eos_id, beam_size, length_penalty, use_cache)
+        finally:
+            self.train(was_training)
+
+    def _step(self, out: Tensor, memory: Tensor, src_mask: Tensor,
+              caches: list[tuple[KVCache, KVCache]] | None) -> Tensor:
+        """Log-probabilities of the next token after ``out`` (N, t). -> (N, V)"""
+        new = out[:, -1:] if caches is not None else out
+        logits = self.decode(new, memory, src_mask, caches)[:, -1]
+        return logits.float().log_softmax(dim=-1)
+
+    def _greedy(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, use_cache: bool) -> Tensor:
+        memory, src_mask = self.encode(src)
+        caches = self.decoder.new_caches() if use_cache else None
+        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(max_new_tokens):
+            next_token = self._step(out, memory, src_mask, caches).argmax(dim=-1)
+            next_token = next_token.masked_fill(done, self.config.pad_id)
+            out = torch.cat([out, next_token[:, None]], dim=1)
+            done |= next_token == eos_id
+            if bool(done.all()):
+                break
+        return out
+
+    def _beam(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, beam_size: int,
+              length_penalty: float, use_cache: bool) -> Tensor:
+        batch, k, device = src.shape[0], beam_size, src.device
+        memory, src_mask = self.encode(src)
+        # Every source row repeated k times: hypotheses of batch b live in rows b*k .. b*k+k-1.
+        memory, src_mask = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
+        caches = self.decoder.new_caches() if use_cache else None
+        out = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+        scores = torch.zeros(batch, k, device=device)
+        scores[:, 1:] = float("-inf")  # all beams start identical: keep only the first alive at step 0
+        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+
+        def rank(logp: float, length: int) -> float:
+            return logp / (length ** length_penalty)
+
+        for step in range(max_new_tokens):
+            logp = self._step(out, memory, src_mask, caches)  # (B*k, V)
+            vocab = logp.shape[-1]
+            total = (scores.view(-1, 1) + logp).view(batch, k * vocab)
+            top_scores, top_ids = total.topk(2 * k, dim=-1)  # 2k so k can survive even if k end in EOS
+            rows, tokens, new_scores = [], [], []
+            for b in range(batch):
+                alive: list[tuple[int, int, float]] = []
+                for score, idx in zip(top_scores[b].tolist(), top_ids[b].tolist()):
+                    beam, token = divmod(idx, vocab)
+                    if score == float("-inf"):
+                        break
+                    if len(finished[b]) >= k:
+                        break  # this source is done; keep filler beams below
+                    if token == eos_id:
+                        hyp = out[b * k + beam, 1:].tolist() + [token]
+                        finished[b].append((rank(score, len(hyp)), hyp))
+                    else:
+                        alive.append((beam, token, score))
+                    if len(alive) == k:
+                        break
+                while len(alive) < k:  # finished or exhausted source: inert filler beams
+                    alive.append((0, self.config.pad_id, float("-inf")))
+                for beam, token, score in alive:
+                    rows.append(b * k + beam)
+                    tokens.append(token)
+                    new_scores.append(score)
+            index = torch.tensor(rows, device=device)
+            out = torch.cat([out.index_select(0, index), torch.tensor(tokens, device=device)[:, None]], dim=1)
+            scores = torch.tensor(new_scores, device=device).view(batch, k)
+            if caches is not None:
+                for self_cache, _ in caches:
+                    self_cache.reorder(index)
+            if all(len(f) >= k for f in finished):
+                break
+
+        results: list[list[int]] = []
+        for b in range(batch):
+            candidates = list(finished[b])
+            for beam in range(k):  # unfinished hypotheses compete when max_new_tokens ran out
+                score = float(scores[b, beam])
+                if score != float("-inf"):
+                    hyp = out[b * k + beam, 1:].tolist()
+                    candidates.append((rank(score, len(hyp)), hyp))
+            best = max(candidates, key=lambda c: c[0])[1] if candidates else []
+            results.append([bos_id] + best)
+        width = max(len(r) for r in results)
+        padded = torch.full((batch, width), self.config.pad_id, dtype=torch.long, device=device)
+        for b, r in enumerate(results):
+            padded[b, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+        return padded

@@ -1,0 +1,234 @@
+"""The core against torch.nn: outputs and gradients in float64, and mask properties."""
+
+import pytest
+import torch
+from torch import nn
+
+from classify.core import (
+    Decoder,
+    DecoderBlock,
+    Encoder,
+    EncoderBlock,
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+)
+
+D, H, FF = 16, 4, 32
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def copy_mha(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+    with torch.no_grad():
+        ours.in_proj.weight.copy_(theirs.in_proj_weight)
+        ours.in_proj.bias.copy_(theirs.in_proj_bias)
+        ours.out_proj.weight.copy_(theirs.out_proj.weight)
+        ours.out_proj.bias.copy_(theirs.out_proj.bias)
+
+
+def copy_ff_norms(ff, residual_norms, theirs) -> None:
+    with torch.no_grad():
+        ff.linear1.load_state_dict(theirs.linear1.state_dict())
+        ff.linear2.load_state_dict(theirs.linear2.state_dict())
+        for ours_norm, name in residual_norms:
+            ours_norm.load_state_dict(getattr(theirs, name).state_dict())
+
+
+def copy_encoder_layer(ours: EncoderBlock, theirs: nn.TransformerEncoderLayer) -> None:
+    copy_mha(ours.self_attn, theirs.self_attn)
+    copy_ff_norms(ours.feed_forward, [(ours.attn_residual.norm, "norm1"), (ours.ff_residual.norm, "norm2")], theirs)
+
+
+def copy_decoder_layer(ours: DecoderBlock, theirs: nn.TransformerDecoderLayer) -> None:
+    copy_mha(ours.self_attn, theirs.self_attn)
+    copy_mha(ours.cross_attn, theirs.multihead_attn)
+    copy_ff_norms(
+        ours.feed_forward,
+        [(ours.self_residual.norm, "norm1"), (ours.cross_residual.norm, "norm2"), (ours.ff_residual.norm, "norm3")],
+        theirs,
+    )
+
+
+def assert_same_grads(ours: nn.Module, theirs: nn.Module, pairs: list[tuple[str, str]]) -> None:
+    ours_p, theirs_p = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    for a, b in pairs:
+        torch.testing.assert_close(ours_p[a].grad, theirs_p[b].grad, **TOL)
+
+
+def lengths_to_tokens(lengths: list[int], pad_id: int = 0) -> torch.Tensor:
+    t = max(lengths)
+    tokens = torch.randint(1, 50, (len(lengths), t))
+    for i, n in enumerate(lengths):
+        tokens[i, n:] = pad_id
+    return tokens
+
+
+# ------------------------------------------------------------------------ attention
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("masking", ["none", "padding", "causal", "both"])
+def test_attention_matches_torch_multihead_attention(need_weights, masking):
+    ours, theirs = MultiHeadAttention(D, H), nn.MultiheadAttention(D, H, batch_first=True)
+    copy_mha(ours, theirs)
+    x = torch.randn(3, 5, D, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    tokens = lengths_to_tokens([5, 3, 1])
+    pad = padding_mask(tokens, 0) if masking in ("padding", "both") else None
+    causal = causal_mask(5) if masking in ("causal", "both") else None
+    mask = combine_masks(pad, causal)
+
+    out, weights = ours(x, x, x, mask=mask, need_weights=need_weights)
+    ref, ref_weights = theirs(
+        x2, x2, x2,
+        key_padding_mask=None if pad is None else ~pad[:, 0, 0],  # torch: True = ignore
+        attn_mask=None if causal is None else ~causal[0, 0],
+        need_weights=need_weights, average_attn_weights=True,
+    )
+    torch.testing.assert_close(out, ref, **TOL)
+    if need_weights:
+        torch.testing.assert_close(weights.mean(dim=1), ref_weights, **TOL)
+    (out.square().sum()).backward()
+    (ref.square().sum()).backward()
+    torch.testing.assert_close(x.grad, x2.grad, **TOL)
+    assert_same_grads(ours, theirs, [("in_proj.weight", "in_proj_weight"), ("in_proj.bias", "in_proj_bias"),
+                                     ("out_proj.weight", "out_proj.weight")])
+
+
+def test_cross_attention_matches_torch():
+    ours, theirs = MultiHeadAttention(D, H), nn.MultiheadAttention(D, H, batch_first=True)
+    copy_mha(ours, theirs)
+    q, kv = torch.randn(2, 4, D), torch.randn(2, 7, D)
+    tokens = lengths_to_tokens([7, 2])
+    out, _ = ours(q, kv, kv, mask=padding_mask(tokens, 0))
+    ref, _ = theirs(q, kv, kv, key_padding_mask=tokens == 0)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_masked_keys_get_exactly_zero_weight():
+    attn = MultiHeadAttention(D, H)
+    tokens = lengths_to_tokens([6, 4, 2])
+    x = torch.randn(3, 6, D)
+    mask = combine_masks(padding_mask(tokens, 0), causal_mask(6))
+    _, weights = attn(x, x, x, mask=mask, need_weights=True)
+    assert weights.shape == (3, H, 6, 6)
+    blocked = ~mask.expand_as(weights)
+    assert torch.all(weights[blocked] == 0.0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(3, H, 6))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_fully_masked_row_gives_zeros_not_nan(need_weights):
+    attn = MultiHeadAttention(D, H)
+    x = torch.randn(2, 3, D)
+    mask = torch.tensor([[True, True, True], [False, False, False]])[:, None, None, :]
+    out, weights = attn(x, x, x, mask=mask, need_weights=need_weights)
+    assert not torch.isnan(out).any()
+    # zero attention output -> the projection's bias only
+    torch.testing.assert_close(out[1], attn.out_proj.bias.expand(3, D))
+    if need_weights:
+        assert torch.all(weights[1] == 0)
+
+
+def test_sdpa_and_explicit_paths_agree_with_dropout_off():
+    attn = MultiHeadAttention(D, H, dropout=0.5).eval()
+    x = torch.randn(2, 5, D)
+    mask = padding_mask(lengths_to_tokens([5, 2]), 0)
+    fast, _ = attn(x, x, x, mask)
+    slow, _ = attn(x, x, x, mask, need_weights=True)
+    torch.testing.assert_close(fast, slow, **TOL)
+
+
+def test_attention_dropout_only_in_training():
+    attn = MultiHeadAttention(D, H, dropout=0.5)
+    x = torch.randn(2, 5, D)
+    attn.train()
+    assert not torch.allclose(attn(x, x, x)[0], attn(x, x, x)[0])
+    attn.eval()
+    torch.testing.assert_close(attn(x, x, x)[0], attn(x, x, x)[0])
+
+
+def test_incremental_cache_matches_full_self_attention():
+    attn = MultiHeadAttention(D, H)
+    x = torch.randn(2, 6, D)
+    full, _ = attn(x, x, x, mask=causal_mask(6))
+    cache = KVCache()
+    steps = [attn(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], mask=causal_mask(1, offset=i), cache=cache)[0]
+             for i in range(6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
+
+
+def test_rejects_indivisible_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(10, 3)
+
+
+def test_masks_shapes_and_convention():
+    tokens = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    assert padding_mask(tokens, 0).shape == (2, 1, 1, 3)
+    assert padding_mask(tokens, 0)[1, 0, 0].tolist() == [True, False, False]
+    assert causal_mask(3)[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal_mask(1, offset=2)[0, 0].tolist() == [[True, True, True]]
+    assert combine_masks(None, None) is None
+    assert combine_masks(padding_mask(tokens, 0), causal_mask(3)).shape == (2, 1, 3, 3)
+
+
+# --------------------------------------------------------------------------- blocks
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_encoder_stack_matches_torch(norm_first, activation):
+    layers = 2
+    ours = Encoder(layers, D, H, FF, dropout=0.0, activation=activation, norm_first=norm_first)
+    layer = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=activation, batch_first=True,
+                                       norm_first=norm_first)
+    theirs = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(D) if norm_first else None,
+                                   enable_nested_tensor=False)
+    for a, b in zip(ours.layers, theirs.layers):
+        copy_encoder_layer(a, b)
+    if norm_first:
+        ours.norm.load_state_dict(theirs.norm.state_dict())
+    tokens = lengths_to_tokens([6, 4, 1])
+    x = torch.randn(3, 6, D, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    out = ours(x, padding_mask(tokens, 0))
+    ref = theirs(x2, src_key_padding_mask=tokens == 0)
+    real = tokens != 0
+    torch.testing.assert_close(out[real], ref[real], **TOL)
+    out[real].sum().backward()
+    ref[real].sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, **TOL)
+    assert_same_grads(ours, theirs, [("layers.0.self_attn.in_proj.weight", "layers.0.self_attn.in_proj_weight"),
+                                     ("layers.1.feed_forward.linear1.weight", "layers.1.linear1.weight")])
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_decoder_stack_matches_torch(norm_first):
+    layers = 2
+    ours = Decoder(layers, D, H, FF, dropout=0.0, norm_first=norm_first)
+    layer = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, batch_first=True, norm_first=norm_first)
+    theirs = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(D) if norm_first else None)
+    for a, b in zip(ours.layers, theirs.layers):
+        copy_decoder_layer(a, b)
+    if norm_first:
+        ours.norm.load_state_dict(theirs.norm.state_dict())
+    src = lengths_to_tokens([7, 3])
+    tgt = lengths_to_tokens([5, 5])
+    memory = torch.randn(2, 7, D, requires_grad=True)
+    memory2 = memory.detach().clone().requires_grad_(True)
+    x = torch.randn(2, 5, D)
+    out = ours(x, memory, causal_mask(5), padding_mask(src, 0))
+    ref = theirs(x, memory2, tgt_mask=~causal_mask(5)[0, 0], memory_key_padding_mask=src == 0)
+    torch.testing.assert_close(out, ref, **TOL)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(memory.grad, memory2.grad, **TOL)
+    assert_same_grads(ours, theirs, [("layers.0.cross_attn.in_proj.weight", "layers.0.multihead_attn.in_proj_weight"),
+                                     ("layers.1.self_attn.out_proj.weight", "layers.1.self_attn.out_proj.weight")])

@@ -1,0 +1,178 @@
+"""Classifier and Transformer: parity with nn.Transformer, mask properties, decoding, learning."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from classify.models import Classifier, ClassifierConfig, Transformer, TransformerConfig
+from test_core import TOL, copy_decoder_layer, copy_encoder_layer, lengths_to_tokens
+
+
+def tiny_transformer(**overrides) -> Transformer:
+    cfg = dict(src_vocab_size=20, tgt_vocab_size=20, d_model=32, num_heads=4, num_encoder_layers=2,
+               num_decoder_layers=2, d_ff=64, max_len=32, dropout=0.0)
+    cfg.update(overrides)
+    return Transformer(**cfg)
+
+
+def test_transformer_matches_torch_transformer_float64():
+    torch.manual_seed(0)
+    ours = tiny_transformer().double()
+    theirs = nn.Transformer(32, 4, 2, 2, 64, dropout=0.0, batch_first=True, norm_first=True).double()
+    for a, b in zip(ours.encoder.layers, theirs.encoder.layers):
+        copy_encoder_layer(a, b)
+    for a, b in zip(ours.decoder.layers, theirs.decoder.layers):
+        copy_decoder_layer(a, b)
+    ours.encoder.norm.load_state_dict(theirs.encoder.norm.state_dict())
+    ours.decoder.norm.load_state_dict(theirs.decoder.norm.state_dict())
+
+    src, tgt = lengths_to_tokens([6, 3], pad_id=0) % 20, lengths_to_tokens([5, 5]) % 20
+    src[src == 0] = 0
+    logits = ours(src, tgt)
+    x_src, x_tgt = ours.src_embed(src), ours.tgt_embed(tgt)
+    hidden = theirs(x_src, x_tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.bool),
+                    src_key_padding_mask=src == 0, memory_key_padding_mask=src == 0)
+    ref = ours.generator(hidden)
+    torch.testing.assert_close(logits, ref, **TOL)
+    assert logits.shape == (2, 5, 20)
+
+
+def test_config_round_trips_through_json():
+    cfg = ClassifierConfig(vocab_size=100, d_model=32, num_heads=4)
+    again = ClassifierConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    model = Classifier(again)
+    assert model.config.d_model == 32
+    tcfg = TransformerConfig(src_vocab_size=10, tgt_vocab_size=12, d_model=16, num_heads=2)
+    assert TransformerConfig.from_dict(tcfg.to_dict()) == tcfg
+    with pytest.raises(ValueError, match="unknown"):
+        ClassifierConfig.from_dict({"vocab_size": 3, "bogus": 1})
+
+
+def test_invalid_sizes_rejected():
+    with pytest.raises(ValueError, match="multiple"):
+        Classifier(vocab_size=10, d_model=30, num_heads=4)
+
+
+# ------------------------------------------------------------------------- classifier
+@pytest.mark.parametrize("pooling", ["mean", "max", "first"])
+def test_padding_does_not_change_classifier_logits(pooling):
+    torch.manual_seed(0)
+    model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=40,
+                       pooling=pooling).eval()
+    tokens = torch.randint(1, 50, (1, 7))
+    alone = model(tokens)
+    padded = torch.cat([tokens, torch.zeros(1, 9, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model(padded), alone, rtol=1e-5, atol=1e-6)
+    other = torch.randint(1, 50, (1, 16))
+    batch = torch.cat([padded, other])
+    torch.testing.assert_close(model(batch)[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_without_padding_mask_padding_changes_logits():
+    """The Bloem ablation switch really does let padding leak in (so the test above can fail)."""
+    torch.manual_seed(0)
+    model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=64, mask_padding=False).eval()
+    tokens = torch.randint(1, 50, (1, 7))
+    padded = torch.cat([tokens, torch.zeros(1, 9, dtype=torch.long)], dim=1)
+    assert not torch.allclose(model(padded), model(tokens), atol=1e-4)
+
+
+def test_all_padding_row_is_finite():
+    model = Classifier(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
+    assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long))).all()
+
+
+def test_classifier_learns_separable_toy_task():
+    torch.manual_seed(0)
+    # class 1 sequences contain token 3; class 0 contain token 4; the rest is noise 5..19
+    n, t = 256, 12
+    tokens = torch.randint(5, 20, (n, t))
+    labels = torch.randint(0, 2, (n,))
+    pos = torch.randint(0, t, (n,))
+    tokens[torch.arange(n), pos] = torch.where(labels == 1, 3, 4)
+    model = Classifier(vocab_size=20, d_model=32, num_heads=4, num_layers=1, d_ff=64, max_len=t, dropout=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = nn.functional.cross_entropy(model(tokens), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    acc = (model(tokens).argmax(-1) == labels).float().mean()
+    assert acc > 0.97
+
+
+# ---------------------------------------------------------------------- transformer
+def test_future_target_tokens_do_not_change_earlier_outputs():
+    torch.manual_seed(0)
+    model = tiny_transformer().eval()
+    src = torch.randint(1, 20, (2, 6))
+    tgt = torch.randint(1, 20, (2, 5))
+    changed = tgt.clone()
+    changed[:, 3:] = torch.randint(1, 20, (2, 2))
+    torch.testing.assert_close(model(src, tgt)[:, :3], model(src, changed)[:, :3])
+
+
+def test_source_padding_does_not_change_decoder_outputs():
+    torch.manual_seed(0)
+    model = tiny_transformer().eval()
+    src = torch.randint(1, 20, (1, 6))
+    tgt = torch.randint(1, 20, (1, 4))
+    padded = torch.cat([src, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model(padded, tgt), model(src, tgt), rtol=1e-5, atol=1e-6)
+
+
+def test_cached_greedy_equals_full_rerun_and_beam_one():
+    torch.manual_seed(0)
+    model = tiny_transformer()
+    src = torch.randint(3, 20, (4, 7))
+    cached = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2)
+    rerun = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2, use_cache=False)
+    beam1 = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2, beam_size=1)
+    assert torch.equal(cached, rerun)
+    assert torch.equal(cached, beam1)
+    assert cached[:, 0].eq(1).all()
+
+
+def test_beam_search_cache_matches_rerun_and_scores_at_least_greedy():
+    torch.manual_seed(0)
+    model = tiny_transformer()
+    src = torch.randint(3, 20, (3, 6))
+    a = model.generate(src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4)
+    b = model.generate(src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4, use_cache=False)
+    assert torch.equal(a, b)
+
+
+def _copy_task_batch(n: int, length: int, vocab: int):
+    body = torch.randint(3, vocab, (n, length))
+    src = body
+    tgt = torch.cat([torch.full((n, 1), 1), body, torch.full((n, 1), 2)], dim=1)  # BOS body EOS
+    return src, tgt
+
+
+def test_transformer_learns_copy_task():
+    torch.manual_seed(0)
+    vocab = 12
+    model = tiny_transformer(src_vocab_size=vocab, tgt_vocab_size=vocab, num_encoder_layers=1,
+                             num_decoder_layers=1, d_model=64, d_ff=128)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(300):
+        src, tgt = _copy_task_batch(64, 6, vocab)
+        logits = model(src, tgt[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tgt[:, 1:].reshape(-1), ignore_index=0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    src, tgt = _copy_task_batch(100, 6, vocab)
+    out = model.generate(src, max_new_tokens=7, bos_id=1, eos_id=2)
+    seq_acc = (out[:, : tgt.shape[1]] == tgt).all(dim=1).float().mean()
+    assert seq_acc > 0.95, seq_acc
+    beam = model.generate(src, max_new_tokens=7, bos_id=1, eos_id=2, beam_size=3)
+    assert (beam[:, : tgt.shape[1]] == tgt).all(dim=1).float().mean() > 0.95
+
+
+def test_tied_embeddings_share_storage():
+    model = tiny_transformer(tie_embeddings=True)
+    assert model.generator.weight.data_ptr() == model.tgt_embed.tokens.weight.data_ptr()
