@@ -1,0 +1,125 @@
+"""Length-bucketed batching: batches of similar-length reviews carry little padding.
+
+Each epoch the sampler shuffles all examples (seeded by ``seed + epoch``), cuts the
+permutation into large pools, sorts each pool by length, cuts it into batches (by
+example count or by a token budget), and shuffles the batches. Under
+DistributedDataParallel each rank takes every ``world_size``-th batch; the batch list
+is first made a multiple of ``world_size`` by splitting the largest batches, so every
+example is seen exactly once per epoch and every rank runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+
+class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
+    def __init__(self, lengths: Sequence[int], batch_size: int = 32, max_tokens: int | None = None,
+                 shuffle: bool = True, seed: int = 0, pool_batches: int = 50, rank: int = 0, world_size: int = 1):
+        if len(lengths) == 0:
+            raise ValueError("cannot batch an empty dataset")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.batch_size = batch_size
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pool_size = batch_size * pool_batches
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _cut(self, order: np.ndarray) -> list[list[int]]:
+        """Indices already sorted by length -> batches by count, or by padded-token budget."""
+        if self.max_tokens is None:
+            return [order[i : i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+        batches, current, longest = [], [], 0
+        for index in order.tolist():
+            longest_if_added = max(longest, int(self.lengths[index]))
+            if current and longest_if_added * (len(current) + 1) > self.max_tokens:
+                batches.append(current)
+                current, longest_if_added = [], int(self.lengths[index])
+            current.append(index)
+            longest = longest_if_added
+        if current:
+            batches.append(current)
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """All batches of this epoch (all ranks), in the order they will be served."""
+        n = len(self.lengths)
+        if self.shuffle:
+            rng = np.random.default_rng(self.seed + self.epoch)
+            order = rng.permutation(n)
+        else:
+            rng, order = None, np.arange(n)
+        batches: list[list[int]] = []
+        for start in range(0, n, self.pool_size):
+            pool = order[start : start + self.pool_size]
+            pool = pool[np.argsort(self.lengths[pool], kind="stable")]
+            batches.extend(self._cut(pool))
+        while len(batches) % self.world_size:
+            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+            if len(batches[largest]) < 2:
+                raise ValueError(f"{n} examples cannot fill {self.world_size} ranks")
+            batch = batches.pop(largest)
+            batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self.batches()[self.rank :: self.world_size]
+
+    def __len__(self) -> int:
+        return len(self.batches()) // self.world_size
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
+    """Right-pad id lists to the longest one. -> LongTensor (B, T_max)"""
+    longest = max(1, max(len(s) for s in sequences))
+    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    return out
+
+
+class TokenizedDataset(torch.utils.data.Dataset):
+    """Token id lists (tokenized once, up front) with integer labels."""
+
+    def __init__(self, ids: list[list[int]], labels: Sequence[int]):
+        self.ids, self.labels = ids, list(labels)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> tuple[list[int], int]:
+        return self.ids[i], self.labels[i]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(x) for x in self.ids]
+
+
+class Collate:
+    """(ids, label) pairs -> {"tokens": (B, T) padded, "labels": (B,)}. A class, not a lambda, so
+    DataLoader workers can pickle it."""
+
+    def __init__(self, pad_id: int = 0):
+        self.pad_id = pad_id
+
+    def __call__(self, items: list[tuple[list[int], int]]) -> dict[str, torch.Tensor]:
+        ids, labels = zip(*items)
+        return {"tokens": pad_batch(ids, self.pad_id), "labels": torch.tensor(labels, dtype=torch.long)}
+
+
+def make_loader(dataset: TokenizedDataset, sampler: BucketBatchSampler, pad_id: int, num_workers: int = 0,
+                pin_memory: bool = False) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(pad_id),
+                                       num_workers=num_workers, pin_memory=pin_memory,
+                                       persistent_workers=num_workers > 0)

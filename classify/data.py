@@ -1,0 +1,192 @@
+"""Loading labelled text from every supported source, normalising it, and splitting it.
+
+Sources (``--data``):
+
+* a Hugging Face hub id, e.g. ``stanfordnlp/imdb`` (needs a network), via ``datasets``;
+* a folder of parquet files with the hub's schema: ``train.parquet``, ``test.parquet``,
+  optionally ``unsupervised.parquet`` (columns ``text``, ``label``);
+* the original ``aclImdb/`` folder (``train/pos/*.txt``, ``train/neg/*.txt``, ``test/...``,
+  ``train/unsup/*.txt``), or a folder that contains it;
+* one CSV, JSONL/JSON or parquet file with ``text`` and ``label`` columns (it is the
+  "train" split; evaluation of a file uses the whole file).
+
+The default source is ``$CLASSIFY_DATA`` if set, else the hub dataset.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ClassifyError
+
+HUB_DEFAULT = "stanfordnlp/imdb"
+LABEL_NAMES = ("neg", "pos")
+FILE_FORMATS = {".csv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+SPLITS = ("train", "test", "unsupervised")
+
+
+def default_source() -> str:
+    return os.environ.get("CLASSIFY_DATA", HUB_DEFAULT)
+
+
+# ------------------------------------------------------------------- normalisation
+_BREAK = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
+_TAG = re.compile(r"<[^>]{0,40}>")
+_SPACE = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """The same clean-up at train and predict time: HTML line breaks and tags to spaces,
+    entities unescaped, runs of whitespace collapsed. Case is left to the tokenizer."""
+    text = _BREAK.sub(" ", text)
+    text = _TAG.sub(" ", text)
+    text = html.unescape(text)
+    return _SPACE.sub(" ", text).strip()
+
+
+# -------------------------------------------------------------------------- loading
+@dataclass
+class Examples:
+    """Parallel lists of texts and integer labels (-1 = unlabelled)."""
+
+    texts: list[str]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices) -> "Examples":
+        return Examples([self.texts[i] for i in indices], [self.labels[i] for i in indices])
+
+
+def load_split(source: str, split: str = "train", num_classes: int = 2, labelled: bool = True) -> Examples:
+    """Load one split of ``source`` and check it: non-empty, text present, labels in range.
+
+    ``labelled=False`` accepts label -1 (unlabelled text, e.g. the unsupervised split).
+    """
+    source = str(source)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        examples = _load_folder(path, split)
+    elif path.is_file():
+        examples = _load_file(path)
+    elif source.startswith((".", "/", "~")) or Path(source).suffix in FILE_FORMATS:
+        raise ClassifyError(f"data not found: {source}")
+    else:
+        examples = _load_hub(source, split)
+    return _check(examples, f"{source} [{split}]", num_classes, labelled)
+
+
+def _load_folder(path: Path, split: str) -> Examples:
+    parquet = path / f"{split}.parquet"
+    if parquet.exists():
+        return _load_file(parquet)
+    for root in (path, path / "aclImdb"):
+        if (root / "train").is_dir() and ((root / "train" / "pos").is_dir() or (root / "test" / "pos").is_dir()):
+            return _load_acl_imdb(root, split)
+    if any(path.glob("*.parquet")):
+        raise ClassifyError(f"{path} has no {split}.parquet (found: "
+                            f"{', '.join(sorted(p.name for p in path.glob('*.parquet')))})")
+    raise ClassifyError(f"{path} is neither a folder of parquet splits nor an aclImdb folder")
+
+
+def _load_acl_imdb(root: Path, split: str) -> Examples:
+    folder = "train" if split == "unsupervised" else split
+    classes = [("unsup", -1)] if split == "unsupervised" else [("neg", 0), ("pos", 1)]
+    texts, labels = [], []
+    for name, label in classes:
+        directory = root / folder / name
+        if not directory.is_dir():
+            raise ClassifyError(f"aclImdb folder {root} has no {folder}/{name}/")
+        # Files are <id>_<rating>.txt; sort by numeric id for a stable order.
+        files = sorted(directory.glob("*.txt"), key=lambda p: (int(p.stem.split("_")[0]) if p.stem.split("_")[0].isdigit() else 0, p.name))
+        for file in files:
+            texts.append(file.read_bytes().decode("utf-8", errors="replace"))
+            labels.append(label)
+    return Examples(texts, labels)
+
+
+def _load_file(path: Path) -> Examples:
+    fmt = FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ClassifyError(f"unsupported data file {path.name}: use .csv, .jsonl, .json or .parquet")
+    datasets = _datasets()
+    try:
+        table = datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as err:  # datasets wraps parser errors in many types
+        raise ClassifyError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    return _from_table(table, str(path))
+
+
+def _load_hub(name: str, split: str) -> Examples:
+    datasets = _datasets()
+    try:
+        table = datasets.load_dataset(name, split=split)
+    except Exception as err:
+        raise ClassifyError(f"cannot load {name!r} split {split!r} from the Hugging Face hub "
+                            f"(no network? pass a local folder with --data): {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+    return _from_table(table, name)
+
+
+def _datasets():
+    """``datasets``, imported only when needed (it is slow to import), with its progress bars off."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _from_table(table, where: str) -> Examples:
+    columns = set(table.column_names)
+    missing = {"text", "label"} - columns
+    if "text" in missing:
+        raise ClassifyError(f"{where} has no 'text' column (columns: {', '.join(sorted(columns))})")
+    texts = table["text"]
+    labels = table["label"] if "label" in columns else [-1] * len(texts)
+    return Examples(list(texts), list(labels))
+
+
+def _check(examples: Examples, where: str, num_classes: int, labelled: bool) -> Examples:
+    if len(examples) == 0:
+        raise ClassifyError(f"{where} is empty")
+    labels = []
+    for i, (text, label) in enumerate(zip(examples.texts, examples.labels)):
+        if not isinstance(text, str):
+            raise ClassifyError(f"{where}: row {i} has a non-text 'text' value ({text!r:.40})")
+        if isinstance(label, str) and label.strip().lower() in LABEL_NAMES:
+            label = LABEL_NAMES.index(label.strip().lower())
+        try:
+            value = int(label)
+            if value != label and not isinstance(label, str):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ClassifyError(f"{where}: row {i} has label {label!r}, expected an integer class") from None
+        if labelled and not 0 <= value < num_classes:
+            raise ClassifyError(f"{where}: row {i} has label {value}, expected 0..{num_classes - 1}")
+        if not labelled and not -1 <= value < num_classes:
+            raise ClassifyError(f"{where}: row {i} has label {value}, expected -1..{num_classes - 1}")
+        labels.append(value)
+    return Examples(examples.texts, labels)
+
+
+# --------------------------------------------------------------------------- splits
+def stratified_split(labels: list[int], val_size: int, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded stratified split of row indices into (train, validation) with ``val_size`` rows."""
+    from sklearn.model_selection import train_test_split
+
+    n = len(labels)
+    if val_size <= 0:
+        return list(range(n)), []
+    if val_size >= n:
+        raise ClassifyError(f"validation size {val_size} leaves no training data (only {n} examples)")
+    counts = np.bincount(np.asarray(labels))
+    stratify = labels if counts[counts > 0].min() >= 2 and val_size >= len(counts) else None
+    train_idx, val_idx = train_test_split(np.arange(n), test_size=val_size, random_state=seed, stratify=stratify)
+    return sorted(train_idx.tolist()), sorted(val_idx.tolist())

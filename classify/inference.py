@@ -1,0 +1,91 @@
+"""Running a trained classifier: load a run folder, turn texts into probabilities.
+
+Shared by ``train`` (validation/test), ``predict`` and ``evaluate`` so that all three
+normalise, tokenize, truncate, batch and run the model the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from . import checkpoint
+from .batching import BucketBatchSampler, pad_batch
+from .data import normalize
+from .device import autocast, to_device
+from .errors import ClassifyError
+from .models import Classifier, ClassifierConfig
+from .tokenize import encode, load_tokenizer
+
+KIND = "classifier"
+
+
+@dataclass
+class LoadedRun:
+    """A trained classifier ready for inference."""
+
+    path: Path
+    model: Classifier
+    tokenizer: Tokenizer
+    config: dict          # the whole config.json
+    labels: list[str]     # class names, index = class id
+    truncation: str
+
+    @property
+    def max_len(self) -> int:
+        return self.model.config.max_len
+
+
+def load_run(path: str | Path, device: torch.device) -> LoadedRun:
+    """Load ``config.json``, ``tokenizer.json`` and ``model.safetensors``; every way these can be
+    missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
+    path = Path(path)
+    config = checkpoint.read_config(path, KIND)
+    try:
+        model_config = ClassifierConfig.from_dict(config["model"])
+        model_config.validate()
+    except (KeyError, TypeError, ValueError) as err:
+        raise ClassifyError(f"{path / checkpoint.CONFIG} has an invalid model section: {err}") from None
+    tokenizer = load_tokenizer(path / checkpoint.TOKENIZER)
+    if tokenizer.get_vocab_size() != model_config.vocab_size:
+        raise ClassifyError(f"tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model's embedding "
+                            f"has {model_config.vocab_size}: the run folder mixes files from different runs")
+    model = Classifier(model_config)
+    checkpoint.load_model_weights(model, path / checkpoint.WEIGHTS)
+    model.to(device).eval()
+    train = config.get("train", {})
+    labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
+    return LoadedRun(path, model, tokenizer, config, list(labels), train.get("truncation", "head+tail"))
+
+
+@torch.inference_mode()
+def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+                batch_size: int = 64, progress=None) -> np.ndarray:
+    """Token id lists -> class probabilities (N, C) in input order, batched by length.
+
+    ``progress``: optional callable(n_done) for a progress bar.
+    """
+    model.eval()
+    pad_id = model.config.pad_id
+    # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
+    ids = [x if x else [pad_id] for x in ids]
+    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, shuffle=False)
+    probs = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
+    done = 0
+    for indices in sampler:
+        tokens = pad_batch([ids[i] for i in indices], pad_id)
+        with autocast(device, dtype):
+            logits = model(to_device(tokens, device))
+        probs[indices] = logits.float().softmax(dim=-1).cpu().numpy()
+        done += len(indices)
+        if progress is not None:
+            progress(done)
+    return probs
+
+
+def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:
+    return encode(run.tokenizer, [normalize(t) for t in texts], run.max_len, run.truncation)

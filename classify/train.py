@@ -1,0 +1,378 @@
+"""python -m classify.train: train the transformer classifier on IMDB (or any labelled text).
+
+    python -m classify.train --data ../shared/imdb --output runs/imdb
+
+Writes a run folder (see ``classify.checkpoint``), resumes from it when re-run with the
+same ``--output``, stops cleanly on Ctrl-C or when ``--time-budget`` runs out, and
+finally evaluates the best checkpoint once on the test split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from . import checkpoint
+from .batching import BucketBatchSampler, TokenizedDataset, make_loader
+from .data import LABEL_NAMES, default_source, load_split, normalize, stratified_split
+from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
+from .errors import ClassifyError, run_cli
+from .inference import KIND, predict_ids
+from .models import Classifier, ClassifierConfig
+from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
+from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, build_optimizer, lr_multiplier,
+                       optimizer_step, set_lr, set_seed)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run except the model sizes (stored in config.json)."""
+
+    data: str
+    epochs: int = 4
+    max_steps: int | None = None
+    time_budget: float | None = None
+    batch_size: int = 32
+    max_tokens: int | None = None
+    lr: float = 1e-3
+    warmup: int = 200
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    vocab_size: int = 30000
+    tokenizer: str = "word"
+    truncation: str = "head+tail"
+    val_size: int = 2500
+    limit: int | None = None
+    seed: int = 0
+    precision: str = "auto"
+    patience: int | None = None
+    eval_every: int | None = None
+    save_every: int = 200
+    num_workers: int = 0
+    label_smoothing: float = 0.0
+
+    # Fields that must match to continue a run in the same folder (the rest may change on resume).
+    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m classify.train",
+        description="Train the from-scratch transformer sentiment classifier. Defaults are the recipe measured "
+                    "best per CPU-minute on a 2-core machine (see experiments/RESULTS.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=default_source(),
+                   help="hub id, folder of {train,test}.parquet, aclImdb folder, or a CSV/JSONL/parquet file "
+                        "(default from $CLASSIFY_DATA)")
+    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
+    g.add_argument("--limit", type=int, help="use only N training reviews, a seeded random sample (quick runs)")
+    g.add_argument("--val-size", type=int, default=2500, help="validation reviews carved from train (stratified)")
+    g.add_argument("--vocab-size", type=int, default=30000, help="tokenizer vocabulary size")
+    g.add_argument("--tokenizer", choices=KINDS, default="word", help="tokenizer kind, trained on the training split")
+    g.add_argument("--max-len", type=int, default=512, help="tokens kept per review")
+    g.add_argument("--truncation", choices=TRUNCATIONS, default="head+tail",
+                   help="which part of a long review to keep (head+tail: first quarter + last three quarters)")
+    g = p.add_argument_group("model")
+    g.add_argument("--d-model", type=int, default=128, help="model width")
+    g.add_argument("--layers", type=int, default=2, help="encoder blocks")
+    g.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
+    g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
+    g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    g.add_argument("--pooling", choices=("mean", "max", "first"), default="mean", help="how token vectors become one")
+    g.add_argument("--positional", choices=("learned", "sinusoidal"), default="learned", help="position encoding")
+    g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks (Bloem / original) instead of pre-LN")
+    g.add_argument("--no-padding-mask", action="store_true",
+                   help="let attention and pooling see padding (reproduces Bloem's code; for ablations)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--epochs", type=int, default=4, help="passes over the training data")
+    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly and evaluate")
+    g.add_argument("--batch-size", type=int, default=32, help="reviews per batch")
+    g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    g.add_argument("--warmup", type=int, default=200, help="linear warmup steps")
+    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="decay after warmup")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="decoupled weight decay (matrices only)")
+    g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
+    g.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing of the cross-entropy")
+    g.add_argument("--patience", type=int, help="stop after N evaluations without validation improvement")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=0, help="random seed (runs are deterministic on CPU)")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else fp32")
+    g.add_argument("--eval-every", type=int, help="validate every N steps (default: once per epoch)")
+    g.add_argument("--save-every", type=int, default=200, help="write last/ (resume state) every N steps")
+    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument("--resume", action="store_true", help="continue the run in --output (also automatic)")
+    g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
+    g.add_argument("--quiet", action="store_true", help="no progress display")
+    return p
+
+
+def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -> tuple[ClassifierConfig, TrainConfig]:
+    train = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
+    model = ClassifierConfig(
+        vocab_size=vocab_size or args.vocab_size, num_classes=2, d_model=args.d_model, num_heads=args.heads,
+        num_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout,
+        pooling=args.pooling, positional=args.positional, norm_first=not args.post_ln,
+        mask_padding=not args.no_padding_mask)
+    return model, train
+
+
+def check_args(args: argparse.Namespace) -> None:
+    positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
+                "--max-len": args.max_len, "--batch-size": args.batch_size, "--epochs": args.epochs,
+                "--vocab-size": args.vocab_size}
+    for flag, value in positive.items():
+        if value <= 0:
+            raise ClassifyError(f"{flag} must be positive, got {value}")
+    if args.d_model % args.heads:
+        raise ClassifyError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.lr <= 0:
+        raise ClassifyError(f"--lr must be positive, got {args.lr}")
+    if args.limit is not None and args.limit <= args.val_size:
+        raise ClassifyError(f"--limit {args.limit} leaves no training data after --val-size {args.val_size}")
+
+
+# ----------------------------------------------------------------------- run folder
+def prepare_output(out: Path, train: TrainConfig, model: ClassifierConfig, overwrite: bool) -> bool:
+    """Decide between a fresh run and a resume. Returns True when resuming."""
+    if not (out / checkpoint.CONFIG).exists():
+        if out.exists() and any(out.iterdir()) and not overwrite:
+            raise ClassifyError(f"{out} exists and is not a classify run folder; choose another --output "
+                                f"or pass --overwrite")
+        return False
+    if overwrite:
+        shutil.rmtree(out)
+        return False
+    old = checkpoint.read_config(out, KIND)
+    old_train, old_model = old.get("train", {}), dict(old.get("model", {}))
+    old_model.pop("vocab_size", None)
+    new_model = model.to_dict()
+    new_model.pop("vocab_size")
+    diffs = [k for k in TrainConfig.IDENTITY if old_train.get(k) != getattr(train, k)]
+    diffs += [k for k in new_model if old_model.get(k) != new_model[k]]
+    if diffs:
+        raise ClassifyError(f"{out} holds a different run (differs in: {', '.join(diffs)}); "
+                            f"choose another --output or pass --overwrite")
+    return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
+
+
+# ------------------------------------------------------------------------- training
+@torch.inference_mode()
+def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], device, dtype,
+                 batch_size: int) -> dict[str, float]:
+    """Loss and accuracy over pre-tokenized examples."""
+    probs = predict_ids(model, ids, device, dtype, batch_size=batch_size * 2)
+    y = np.asarray(labels)
+    loss = float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, None)).mean())
+    return {"loss": loss, "accuracy": float((probs.argmax(1) == y).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    out = Path(args.output)
+    console = Console(stderr=True, quiet=args.quiet)
+    set_seed(args.seed)
+    device = resolve_device(args.device)
+    dtype = autocast_dtype(device, args.precision)
+    model_config, train_config = configs_from_args(args)
+    resuming = prepare_output(out, train_config, model_config, args.overwrite)
+
+    # ---- data: load, split, tokenize once
+    t0 = time.monotonic()
+    full = load_split(args.data, "train")
+    if args.limit and args.limit < len(full):
+        # A seeded sample, not the file's first rows: IMDB files are sorted by label.
+        full = full.subset(sorted(np.random.default_rng(args.seed).permutation(len(full))[: args.limit]))
+    train_idx, val_idx = stratified_split(full.labels, args.val_size, args.seed)
+    train_set, val_set = full.subset(train_idx), full.subset(val_idx)
+    if len(set(train_set.labels)) < 2:
+        raise ClassifyError(f"the training data from {args.data} has only one class ({train_set.labels[0]})")
+    train_texts = [normalize(t) for t in train_set.texts]
+    val_texts = [normalize(t) for t in val_set.texts]
+    if resuming:
+        tokenizer = load_tokenizer(out / checkpoint.TOKENIZER)
+    else:
+        tokenizer = train_tokenizer(train_texts, args.vocab_size, args.tokenizer)
+    model_config.vocab_size = tokenizer.get_vocab_size()
+    train_ids = encode(tokenizer, train_texts, args.max_len, args.truncation)
+    val_ids = encode(tokenizer, val_texts, args.max_len, args.truncation)
+    console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {args.data}, "
+                f"vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
+
+    if not resuming:
+        out.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tokenizer, out / checkpoint.TOKENIZER)
+        checkpoint.write_config(out, KIND, model_config.to_dict(), train=asdict(train_config),
+                                labels=list(LABEL_NAMES))
+    else:  # flags that may change on resume (budget, epochs, ...) are recorded as the latest
+        old = checkpoint.read_config(out, KIND)
+        checkpoint.write_config(out, KIND, old["model"], train=asdict(train_config), labels=old["labels"])
+
+    # ---- model and optimisation
+    model = Classifier(model_config).to(device)
+    optimizer = build_optimizer(model, args.lr, args.weight_decay)
+    scaler = grad_scaler(device, dtype)
+    dataset = TokenizedDataset(train_ids, train_set.labels)
+    sampler = BucketBatchSampler(dataset.lengths, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                 seed=args.seed)
+    loader = make_loader(dataset, sampler, model_config.pad_id, args.num_workers, pin_memory(device))
+    steps_per_epoch = len(sampler)
+    total_steps = steps_per_epoch * args.epochs
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
+
+    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val_acc": -1.0,
+                             "evals_since_best": 0, "train_seconds": 0.0, "tokens": 0}
+    if resuming:
+        restored = checkpoint.load_last(out, model, optimizer)
+        if restored is not None:
+            state.update({k: restored[k] for k in state if k in restored})
+            console.log(f"resumed from {out / checkpoint.LAST} at step {state['step']} (epoch {state['epoch']})")
+    n_params = sum(p.numel() for p in model.parameters())
+    console.log(f"model: {n_params / 1e6:.2f}M parameters, device {device}, "
+                f"autocast {dtype if dtype else 'off (fp32)'}, {total_steps} steps")
+
+    deadline = Deadline(args.time_budget, already_used_s=state["train_seconds"])
+    eval_every = args.eval_every or steps_per_epoch
+    run_loss, run_correct, run_seen = 0.0, 0, 0
+    tokens_since, clock = 0, time.monotonic()
+    stop_reason = "finished"
+
+    def save_last() -> None:
+        state["train_seconds"] = deadline.elapsed
+        checkpoint.save_last(out, model, optimizer, state)
+
+    def validate() -> bool:
+        """Evaluate, log, keep the best weights. Returns True when patience ran out."""
+        nonlocal run_loss, run_correct, run_seen, tokens_since, clock
+        metrics = evaluate_ids(model, val_ids, val_set.labels, device, dtype, args.batch_size)
+        now = time.monotonic()
+        record = {"step": state["step"], "epoch": round(state["step"] / steps_per_epoch, 3),
+                  "train_loss": run_loss / max(run_seen, 1), "train_accuracy": run_correct / max(run_seen, 1),
+                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
+                  "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
+                  "tokens_per_s": round(tokens_since / max(now - clock, 1e-9), 1)}
+        checkpoint.append_jsonl(out / checkpoint.METRICS, record)
+        progress.log(f"step {record['step']}: val loss {metrics['loss']:.4f}  val acc {metrics['accuracy']:.4f}  "
+                     f"train acc {record['train_accuracy']:.4f}  {record['tokens_per_s']:.0f} tok/s")
+        run_loss, run_correct, run_seen, tokens_since = 0.0, 0, 0, 0
+        if metrics["accuracy"] > state["best_val_acc"]:
+            state["best_val_acc"], state["evals_since_best"] = metrics["accuracy"], 0
+            checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
+        else:
+            state["evals_since_best"] += 1
+        model.train()
+        clock = time.monotonic()
+        return args.patience is not None and state["evals_since_best"] >= args.patience
+
+    model.train()
+    with StopSignal() as stop, TrainingProgress(total_steps, enabled=not args.quiet) as progress:
+        progress.update(state["step"], state["epoch"], {})
+        while state["step"] < total_steps and stop_reason == "finished":
+            sampler.set_epoch(state["epoch"])
+            for i, batch in enumerate(loader):
+                if i < state["batch_in_epoch"]:
+                    continue  # resuming mid-epoch: the sampler replays this epoch's order
+                if stop.requested:
+                    stop_reason = "interrupted"
+                elif deadline.expired:
+                    stop_reason = "time budget"
+                if stop_reason != "finished":
+                    break
+                batch = to_device(batch, device)
+                set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, total_steps, args.schedule))
+                with autocast(device, dtype):
+                    logits = model(batch["tokens"])
+                    loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
+                optimizer_step(loss, model, optimizer, scaler, args.clip)
+                n = len(batch["labels"])
+                run_loss += float(loss.detach()) * n
+                run_correct += int((logits.argmax(-1) == batch["labels"]).sum())
+                run_seen += n
+                real_tokens = int((batch["tokens"] != model_config.pad_id).sum())
+                tokens_since += real_tokens
+                state["tokens"] += real_tokens
+                state["step"] += 1
+                state["batch_in_epoch"] = i + 1
+                progress.update(state["step"], state["epoch"] + 1, {
+                    "loss": run_loss / run_seen, "acc": run_correct / run_seen,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "tok/s": tokens_since / max(time.monotonic() - clock, 1e-9)})
+                if state["step"] % eval_every == 0 or state["step"] == total_steps:
+                    if validate():
+                        stop_reason = "early stopping"
+                if state["step"] % args.save_every == 0 or stop_reason != "finished":
+                    save_last()
+                if state["step"] >= total_steps or stop_reason != "finished":
+                    break
+            if state["batch_in_epoch"] >= steps_per_epoch:
+                state["epoch"] += 1
+                state["batch_in_epoch"] = 0
+        if stop_reason in ("time budget", "finished") and run_seen:
+            validate()  # the final partial interval counts too
+        save_last()
+
+    if stop_reason == "interrupted":
+        console.print(f"[yellow]interrupted at step {state['step']}; state saved in {out / checkpoint.LAST}. "
+                      f"Re-run the same command to resume.[/]")
+        return 130
+
+    # ---- one evaluation of the best weights on the test split
+    test_metrics = evaluate_test(out, args, model, tokenizer, device, dtype, console)
+    print_summary(console, out, state, stop_reason, test_metrics, deadline.elapsed)
+    return 0
+
+
+def evaluate_test(out: Path, args, model: Classifier, tokenizer, device, dtype, console) -> dict | None:
+    if not (out / checkpoint.WEIGHTS).exists():
+        return None
+    try:
+        test = load_split(args.data, "test")
+    except ClassifyError as err:
+        console.log(f"no test evaluation: {err}")
+        return None
+    checkpoint.load_model_weights(model, out / checkpoint.WEIGHTS)
+    ids = encode(tokenizer, [normalize(t) for t in test.texts], args.max_len, args.truncation)
+    t0 = time.monotonic()
+    metrics = evaluate_ids(model, ids, test.labels, device, dtype, args.batch_size)
+    metrics.update({"split": "test", "examples": len(ids), "seconds": round(time.monotonic() - t0, 1)})
+    checkpoint.write_json(out / checkpoint.TEST_METRICS, metrics)
+    return metrics
+
+
+def print_summary(console: Console, out: Path, state: dict, reason: str, test: dict | None, seconds: float) -> None:
+    table = Table(title=f"classify.train: {out}", show_header=False)
+    table.add_row("stopped", reason)
+    table.add_row("steps / epochs", f"{state['step']} / {state['epoch']}")
+    table.add_row("training time", f"{seconds / 60:.1f} min")
+    table.add_row("best validation accuracy", f"{state['best_val_acc']:.4f}")
+    if test:
+        table.add_row("test accuracy", f"{test['accuracy']:.4f}  ({test['examples']} reviews)")
+        table.add_row("test loss", f"{test['loss']:.4f}")
+    table.add_row("run folder", str(out))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="classify.train"))

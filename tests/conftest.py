@@ -1,0 +1,106 @@
+"""Shared fixtures: synthetic reviews in every supported format, a tiny trained run, real-data paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+POSITIVE = ["great", "wonderful", "superb", "loved", "brilliant", "moving", "funny", "beautiful"]
+NEGATIVE = ["awful", "boring", "terrible", "hated", "dull", "worst", "stupid", "waste"]
+FILLER = ("the movie film plot actor story scene was and it a of this to in with director music "
+          "cast ending character really quite very some time").split()
+SHARED_IMDB = Path(__file__).resolve().parents[2] / "shared" / "imdb"
+
+
+def synthetic_reviews(n: int, seed: int = 0) -> list[tuple[str, int]]:
+    """Reviews whose label is given by sentiment words mixed into neutral filler (learnable, not trivial:
+    a few words of the other polarity appear too). Lengths vary from 8 to ~80 words; some have <br /> markup."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = [rng.choice(FILLER) for _ in range(rng.randint(8, 80))]
+        main, other = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+        for _ in range(rng.randint(2, 4)):
+            words.insert(rng.randrange(len(words)), rng.choice(main))
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), rng.choice(other))
+        text = " ".join(words).capitalize() + "."
+        if rng.random() < 0.2:
+            text = text.replace(" the ", " the<br /><br />", 1)
+        rows.append((text, label))
+    return rows
+
+
+def write_parquet_folder(folder: Path, train: int = 400, test: int = 200) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", train, 0), ("test", test, 1)):
+        rows = synthetic_reviews(n, seed)
+        pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}),
+                       folder / f"{split}.parquet")
+    return folder
+
+
+def write_acl_imdb(folder: Path, n: int = 40) -> Path:
+    for split, seed in (("train", 0), ("test", 1)):
+        for i, (text, label) in enumerate(synthetic_reviews(n, seed)):
+            d = folder / "aclImdb" / split / ("pos" if label else "neg")
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{i}_{8 if label else 2}.txt").write_text(text, encoding="utf-8")
+    unsup = folder / "aclImdb" / "train" / "unsup"
+    unsup.mkdir(parents=True)
+    for i, (text, _) in enumerate(synthetic_reviews(10, 2)):
+        (unsup / f"{i}_0.txt").write_text(text, encoding="utf-8")
+    return folder
+
+
+def write_csv(path: Path, rows: list[tuple[str, int]]) -> Path:
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[tuple[str, int]]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for text, label in rows:
+            f.write(json.dumps({"text": text, "label": label}) + "\n")
+    return path
+
+
+TINY_MODEL_ARGS = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--max-len", "64",
+                   "--vocab-size", "200", "--batch-size", "16", "--warmup", "10", "--lr", "3e-3",
+                   "--val-size", "80", "--quiet", "--precision", "fp32"]
+
+
+@pytest.fixture(scope="session")
+def parquet_data(tmp_path_factory) -> Path:
+    return write_parquet_folder(tmp_path_factory.mktemp("parquet"))
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, parquet_data) -> Path:
+    """A tiny classifier trained for a few epochs on synthetic reviews (shared by CLI tests; do not modify)."""
+    from classify.train import main
+
+    run = tmp_path_factory.mktemp("runs") / "tiny"
+    assert main(["--data", str(parquet_data), "--output", str(run), "--epochs", "4", *TINY_MODEL_ARGS]) == 0
+    return run
+
+
+@pytest.fixture(scope="session")
+def shared_imdb() -> Path:
+    path = Path(os.environ.get("CLASSIFY_SHARED_IMDB", SHARED_IMDB))
+    if not (path / "train.parquet").exists():
+        pytest.skip(f"real IMDB parquet files not found at {path} (set CLASSIFY_SHARED_IMDB to run this test)")
+    return path
