@@ -120,6 +120,9 @@ class Collate:
 
 def make_loader(dataset: TokenizedDataset, sampler: BucketBatchSampler, pad_id: int, num_workers: int = 0,
                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
+    # A private generator: creating an iterator otherwise draws from the global torch RNG, which would
+    # make dropout after a mid-epoch resume differ from the uninterrupted run.
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(pad_id),
                                        num_workers=num_workers, pin_memory=pin_memory,
-                                       persistent_workers=num_workers > 0)
+                                       persistent_workers=num_workers > 0,
+                                       generator=torch.Generator().manual_seed(sampler.seed))

@@ -83,6 +83,17 @@ def load_split(source: str, split: str = "train", num_classes: int = 2, labelled
     return _check(examples, f"{source} [{split}]", num_classes, labelled)
 
 
+def provides_split(source: str, split: str) -> bool:
+    """Whether ``source`` has a distinct ``split`` (a single file is only ever the training data)."""
+    path = Path(str(source)).expanduser()
+    if path.is_file():
+        return split == "train"
+    if path.is_dir():
+        acl = [root for root in (path, path / "aclImdb") if (root / split).is_dir()]
+        return (path / f"{split}.parquet").exists() or bool(acl)
+    return True  # hub datasets: let the loader answer
+
+
 def _load_folder(path: Path, split: str) -> Examples:
     parquet = path / f"{split}.parquet"
     if parquet.exists():

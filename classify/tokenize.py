@@ -6,7 +6,11 @@ fast batch encoding, one JSON file) replaces it.
 
 Kinds: ``word`` (a word-level vocabulary like Bloem's: one token per word, shortest
 sequences), ``bpe`` and ``wordpiece`` (subwords: no unknown words). Text is lower-cased
-and NFKC-normalised; words and punctuation are split apart.
+(unless ``lowercase=False``) and NFKC-normalised; words and punctuation are split apart.
+
+``reversible=True`` (for models that write text, e.g. translation) marks word starts with
+``▁`` as SentencePiece does, so ``tokenizer.decode`` restores the spacing; the default
+pre-tokenizer drops the spaces and its decoder glues every token together.
 """
 
 from __future__ import annotations
@@ -25,10 +29,16 @@ TRUNCATIONS = ("head", "tail", "head+tail")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "word", min_frequency: int = 2,
-                    lowercase: bool = True) -> Tokenizer:
-    """Learn a vocabulary of at most ``vocab_size`` entries (specials included) from ``texts``."""
+                    lowercase: bool = True, reversible: bool = False) -> Tokenizer:
+    """Learn a vocabulary of at most ``vocab_size`` entries (specials included) from ``texts``.
+
+    ``reversible``: keep word boundaries in the tokens so ``decode`` gives back readable text
+    (kinds ``word`` and ``bpe``).
+    """
     if kind not in KINDS:
         raise ClassifyError(f"tokenizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if reversible and kind == "wordpiece":
+        raise ClassifyError("a reversible tokenizer must be of kind 'word' or 'bpe', not 'wordpiece'")
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ClassifyError(f"vocabulary size {vocab_size} is too small")
     if kind == "word":
@@ -47,7 +57,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "word", m
         tok.decoder = decoders.WordPiece()
     steps = [normalizers.NFKC()] + ([normalizers.Lowercase()] if lowercase else [])
     tok.normalizer = normalizers.Sequence(steps)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    if reversible:
+        # Spaces become "▁" at the start of the next token instead of vanishing.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.Metaspace()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

@@ -10,7 +10,7 @@ finally evaluates the best checkpoint once on the test split.
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import shutil
 import sys
 import time
@@ -26,7 +26,7 @@ from rich.table import Table
 
 from . import checkpoint
 from .batching import BucketBatchSampler, TokenizedDataset, make_loader
-from .data import LABEL_NAMES, default_source, load_split, normalize, stratified_split
+from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, stratified_split
 from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
 from .errors import ClassifyError, run_cli
 from .inference import KIND, predict_ids
@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     g.add_argument("--resume", action="store_true", help="continue the run in --output (also automatic)")
     g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
+    g.add_argument("--no-test", action="store_true", help="skip the final evaluation on the test split")
     g.add_argument("--quiet", action="store_true", help="no progress display")
     return p
 
@@ -248,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         restored = checkpoint.load_last(out, model, optimizer)
         if restored is not None:
             state.update({k: restored[k] for k in state if k in restored})
+            # Evaluations logged after the saved step will be redone: drop them so the log has no duplicates.
+            kept = [r for r in checkpoint.read_jsonl(out / checkpoint.METRICS) if r["step"] <= state["step"]]
+            checkpoint.write_text(out / checkpoint.METRICS, "".join(json.dumps(r) + "\n" for r in kept))
             console.log(f"resumed from {out / checkpoint.LAST} at step {state['step']} (epoch {state['epoch']})")
     n_params = sum(p.numel() for p in model.parameters())
     console.log(f"model: {n_params / 1e6:.2f}M parameters, device {device}, "
@@ -329,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             if state["batch_in_epoch"] >= steps_per_epoch:
                 state["epoch"] += 1
                 state["batch_in_epoch"] = 0
-        if stop_reason in ("time budget", "finished") and run_seen:
-            validate()  # the final partial interval counts too
+        if stop_reason in ("time budget", "finished") and (run_seen or not (out / checkpoint.WEIGHTS).exists()):
+            validate()  # the final partial interval counts too (and a run always leaves weights)
         save_last()
 
     if stop_reason == "interrupted":
@@ -339,13 +343,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
     # ---- one evaluation of the best weights on the test split
-    test_metrics = evaluate_test(out, args, model, tokenizer, device, dtype, console)
+    test_metrics = None if args.no_test else evaluate_test(out, args, model, tokenizer, device, dtype, console)
     print_summary(console, out, state, stop_reason, test_metrics, deadline.elapsed)
     return 0
 
 
 def evaluate_test(out: Path, args, model: Classifier, tokenizer, device, dtype, console) -> dict | None:
     if not (out / checkpoint.WEIGHTS).exists():
+        return None
+    if not provides_split(args.data, "test"):
+        console.log(f"no test evaluation: {args.data} has no separate test split")
         return None
     try:
         test = load_split(args.data, "test")
