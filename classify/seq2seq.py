@@ -131,7 +131,8 @@ def pair_lengths(src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[int
 
 
 # ------------------------------------------------------------------- loss and decoding
-def summed_loss(model: Transformer, batch: dict[str, torch.Tensor], label_smoothing: float = 0.0) -> tuple[torch.Tensor, int]:
+def summed_loss(model: Transformer, batch: dict[str, torch.Tensor],
+                label_smoothing: float = 0.0) -> tuple[torch.Tensor, int]:
     """Cross-entropy summed over the real target tokens of a batch, and their number.
 
     logits (B, T, V) are scored in fp32 against ``tgt_out`` (B, T); padding is ignored.
@@ -243,7 +244,7 @@ def load_translator(path: str | Path, device: torch.device) -> Translator:
         raise ClassifyError(f"tokenizer.json has {vocab} tokens but the model's vocabularies have "
                             f"{model_config.src_vocab_size}/{model_config.tgt_vocab_size}: "
                             f"the run folder mixes files from different runs")
-    special_ids(tokenizer)
+    special_ids(tokenizer)  # fail now, not mid-translation, if BOS/EOS are missing
     model = Transformer(model_config)
     checkpoint.load_model_weights(model, path / checkpoint.WEIGHTS)
     model.to(device).eval()
@@ -294,13 +295,13 @@ class Seq2SeqTrainConfig:
     data: str
     src_lang: str = "de"
     tgt_lang: str = "en"
-    epochs: int = 20
+    epochs: int = 10
     max_steps: int | None = None
     time_budget: float | None = None
-    max_tokens: int = 4096
+    max_tokens: int = 2048
     lr: float = 1e-3
     warmup: int = 400
-    schedule: str = "inverse_sqrt"
+    schedule: str = "cosine"
     weight_decay: float = 0.01
     clip: float = 1.0
     label_smoothing: float = 0.1
@@ -338,7 +339,8 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_train_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a translation model", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    p = sub.add_parser("train", help="train a translation model",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Train the encoder-decoder transformer on a folder of line-aligned "
                                    "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes.")
     g = p.add_argument_group("data")
@@ -352,23 +354,26 @@ def add_train_parser(sub) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--d-model", type=int, default=256, help="model width")
     g.add_argument("--layers", type=int, default=3, help="encoder blocks, and decoder blocks")
-    g.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
-    g.add_argument("--d-ff", type=int, default=1024, help="feed-forward hidden width")
+    g.add_argument("--heads", type=int, default=8, help="attention heads (must divide --d-model)")
+    g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
     g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
     g.add_argument("--positional", choices=("learned", "sinusoidal"), default="sinusoidal", help="position encoding")
     g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks (the original) instead of pre-LN")
     g.add_argument("--no-tie-embeddings", action="store_true",
                    help="separate decoder input embedding and output projection")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=20, help="passes over the training data")
+    g.add_argument("--epochs", type=int, default=10, help="passes over the training data")
     g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly")
-    g.add_argument("--max-tokens", type=int, default=4096,
+    g.add_argument("--time-budget", type=float,
+                   help="minutes of training (validation included); then stop cleanly. cosine/linear decay "
+                        "then ends at the budget if it comes before --epochs, judged from the pace so far")
+    g.add_argument("--max-tokens", type=int, default=2048,
                    help="token budget per batch (padded length of the longer side x sentences)")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     g.add_argument("--warmup", type=int, default=400, help="linear warmup steps")
-    g.add_argument("--schedule", choices=SCHEDULES, default="inverse_sqrt",
-                   help="decay after warmup (inverse_sqrt = Noam; cosine/linear reach zero at --epochs)")
+    g.add_argument("--schedule", choices=SCHEDULES, default="cosine",
+                   help="decay after warmup: cosine/linear reach zero at the end of --epochs (or --max-steps); "
+                        "inverse_sqrt (Noam) needs no end, for open-ended runs")
     g.add_argument("--weight-decay", type=float, default=0.01, help="decoupled weight decay (matrices only)")
     g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
     g.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the cross-entropy")
@@ -437,7 +442,8 @@ def prepare_output(out: Path, train: Seq2SeqTrainConfig, model: TransformerConfi
     return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
 
 
-def encode_training_pairs(tokenizer: Tokenizer, pairs: Parallel, max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
+def encode_training_pairs(tokenizer: Tokenizer, pairs: Parallel,
+                          max_len: int) -> tuple[list[list[int]], list[list[int]], int]:
     """Token ids of both sides; pairs with a side longer than ``max_len`` are skipped, not cut
     (a cut target would teach the model to stop mid-sentence). Returns (src, tgt, skipped)."""
     src_all, tgt_all = encode_side(tokenizer, pairs.src), encode_side(tokenizer, pairs.tgt)
@@ -445,6 +451,16 @@ def encode_training_pairs(tokenizer: Tokenizer, pairs: Parallel, max_len: int) -
     if not kept:
         raise ClassifyError(f"every training pair is longer than --max-len {max_len} tokens")
     return [src_all[i] for i in kept], [tgt_all[i] for i in kept], len(pairs) - len(kept)
+
+
+def planned_steps(step: int, total_steps: int, deadline: Deadline) -> int:
+    """Where the run will end: ``total_steps``, or sooner when the time budget runs out first
+    (extrapolated from the pace so far, validation included). Cosine/linear decay aims here, so a
+    budget-limited run still anneals instead of stopping at a high learning rate."""
+    if deadline.seconds is None or step == 0:
+        return total_steps
+    seconds_per_step = deadline.elapsed / step
+    return min(total_steps, max(step + 1, int(deadline.seconds / seconds_per_step)))
 
 
 def train(args: argparse.Namespace) -> int:
@@ -559,7 +575,8 @@ def train(args: argparse.Namespace) -> int:
                 indices = batches[i]
                 batch = to_device(make_batch([src_ids[j] for j in indices], [tgt_ids[j] for j in indices],
                                              pad_id, bos_id), device)
-                set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, total_steps, args.schedule))
+                horizon = planned_steps(state["step"], total_steps, deadline)
+                set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, horizon, args.schedule))
                 with autocast(device, dtype):
                     loss_sum, n_tokens = summed_loss(model, batch, args.label_smoothing)
                 optimizer_step(loss_sum / n_tokens, model, optimizer, scaler, args.clip)
@@ -706,7 +723,8 @@ def evaluate(args: argparse.Namespace) -> int:
     device, dtype = runtime(args)
     run = load_translator(args.model, device)
     train_config = run.config.get("train", {})
-    src_lang, tgt_lang = args.src_lang or train_config.get("src_lang", "de"), args.tgt_lang or train_config.get("tgt_lang", "en")
+    src_lang = args.src_lang or train_config.get("src_lang", "de")
+    tgt_lang = args.tgt_lang or train_config.get("tgt_lang", "en")
     pairs = load_parallel(args.data, args.split, src_lang, tgt_lang)
     metrics, hypotheses = evaluate_split(run.model, run.tokenizer, pairs, device, dtype, args.beam_size,
                                          args.length_penalty, args.batch_size, args.max_tokens)
