@@ -201,3 +201,15 @@ def stratified_split(labels: list[int], val_size: int, seed: int) -> tuple[list[
     stratify = labels if counts[counts > 0].min() >= 2 and val_size >= len(counts) else None
     train_idx, val_idx = train_test_split(np.arange(n), test_size=val_size, random_state=seed, stratify=stratify)
     return sorted(train_idx.tolist()), sorted(val_idx.tolist())
+
+
+def training_split(source: str, val_size: int, seed: int, limit: int | None = None) -> tuple[Examples, Examples]:
+    """The (train, validation) examples of a run: ``source``'s train split, cut to a seeded sample of
+    ``limit`` reviews if given, then split stratified. ``classify.train`` trains on exactly this, and
+    ``classify.evaluate --baseline`` rebuilds it from a run's config.json."""
+    full = load_split(source, "train")
+    if limit and limit < len(full):
+        # A seeded sample, not the file's first rows: IMDB files are sorted by label.
+        full = full.subset(sorted(np.random.default_rng(seed).permutation(len(full))[:limit]))
+    train_idx, val_idx = stratified_split(full.labels, val_size, seed)
+    return full.subset(train_idx), full.subset(val_idx)

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from . import checkpoint
 from .batching import BucketBatchSampler, TokenizedDataset, make_loader
-from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, stratified_split
+from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
 from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
 from .errors import ClassifyError, run_cli
 from .inference import KIND, predict_ids
@@ -201,12 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- data: load, split, tokenize once
     t0 = time.monotonic()
-    full = load_split(args.data, "train")
-    if args.limit and args.limit < len(full):
-        # A seeded sample, not the file's first rows: IMDB files are sorted by label.
-        full = full.subset(sorted(np.random.default_rng(args.seed).permutation(len(full))[: args.limit]))
-    train_idx, val_idx = stratified_split(full.labels, args.val_size, args.seed)
-    train_set, val_set = full.subset(train_idx), full.subset(val_idx)
+    train_set, val_set = training_split(args.data, args.val_size, args.seed, args.limit)
     if len(set(train_set.labels)) < 2:
         raise ClassifyError(f"the training data from {args.data} has only one class ({train_set.labels[0]})")
     train_texts = [normalize(t) for t in train_set.texts]

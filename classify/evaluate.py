@@ -1,0 +1,259 @@
+"""python -m classify.evaluate: a full report on a trained run, optionally against a TF-IDF baseline.
+
+    python -m classify.evaluate --model runs/imdb --data ../shared/imdb --split test --baseline
+
+Predicts the split batched and length-bucketed as ``classify.predict`` does, computes
+scikit-learn metrics (accuracy with a bootstrap CI, per-class and macro precision/recall/F1,
+ROC-AUC, log-loss, confusion matrix, calibration), and writes ``metrics.json``,
+``report.md`` and PNG plots to the report folder (``classify.report``). ``--baseline``
+trains TF-IDF (word 1-2 grams, sublinear tf) + logistic regression on exactly the training
+split the run used (``data.training_split`` with the run's config) and scores it on the
+same examples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+
+from . import checkpoint
+from .data import Examples, default_source, load_split, normalize, training_split
+from .device import PRECISIONS
+from .errors import ClassifyError, run_cli
+from .inference import encode_texts, predict_ids
+from .predict import HelpFormatter, open_run, progress_bar
+from .report import print_summary, write_markdown, write_plots
+
+TRANSFORMER, BASELINE = "transformer", "baseline"
+MISTAKE_CHARS = 2000  # text kept per confident mistake in metrics.json / report.md
+
+
+# -------------------------------------------------------------------------- metrics
+def expected_calibration_error(y: np.ndarray, probs: np.ndarray, bins: int) -> float:
+    """Top-label ECE (Guo et al. 2017): |accuracy - confidence| averaged over equal-width confidence
+    bins, weighted by the bins' sizes."""
+    confidence = probs.max(axis=1)
+    correct = probs.argmax(axis=1) == y
+    which = np.minimum((confidence * bins).astype(int), bins - 1)
+    gap = np.abs(np.bincount(which, weights=correct, minlength=bins) - np.bincount(which, weights=confidence,
+                                                                                     minlength=bins))
+    return float(gap.sum() / len(y))  # sum_b |sum correct - sum confidence| / N == sum_b n_b/N |acc_b - conf_b|
+
+
+def classification_metrics(y: np.ndarray, probs: np.ndarray, labels: list[str], bins: int) -> dict[str, Any]:
+    """Everything in the report for one system's probabilities ``probs`` (N, C) against labels ``y``."""
+    from sklearn.calibration import calibration_curve
+    from sklearn.metrics import (accuracy_score, confusion_matrix, log_loss, precision_recall_fscore_support,
+                                 roc_auc_score)
+
+    classes = list(range(len(labels)))
+    predicted = probs.argmax(axis=1)
+    precision, recall, f1, support = precision_recall_fscore_support(y, predicted, labels=classes, zero_division=0)
+    out: dict[str, Any] = {
+        "accuracy": float(accuracy_score(y, predicted)),
+        "precision_macro": float(precision.mean()), "recall_macro": float(recall.mean()), "f1_macro": float(f1.mean()),
+        "per_class": {name: {"precision": float(precision[k]), "recall": float(recall[k]), "f1": float(f1[k]),
+                             "support": int(support[k])} for k, name in enumerate(labels)},
+        "log_loss": float(log_loss(y, probs, labels=classes)),
+        "ece": expected_calibration_error(y, probs, bins),
+        "confusion_matrix": confusion_matrix(y, predicted, labels=classes).tolist(),
+        "roc_auc": None,
+        "reliability": None,
+    }
+    if len(labels) == 2 and len(np.unique(y)) == 2:  # both need both classes present
+        out["roc_auc"] = float(roc_auc_score(y, probs[:, 1]))
+        fraction, mean = calibration_curve(y, probs[:, 1], n_bins=bins, strategy="uniform")
+        out["reliability"] = {"class": labels[1], "mean_predicted": mean.round(6).tolist(),
+                              "fraction_positive": fraction.round(6).tolist()}
+    return out
+
+
+def bootstrap_accuracy(correct: dict[str, np.ndarray], resamples: int, seed: int) -> dict[str, list[float]]:
+    """Percentile 95% intervals for each system's accuracy and, for two systems, their difference.
+
+    Paired: every resample draws the same review indices for all systems. Vectorised over
+    blocks of resamples so memory stays at ~100 x N indices."""
+    rng = np.random.default_rng(seed)
+    names = list(correct)
+    n = len(next(iter(correct.values())))
+    samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for start in range(0, resamples, 100):
+        idx = rng.integers(0, n, size=(min(100, resamples - start), n))
+        for name in names:
+            samples[name].append(correct[name][idx].mean(axis=1))
+    stacked = {name: np.concatenate(s) for name, s in samples.items()}
+    if len(names) == 2:
+        stacked[f"{names[0]} - {names[1]}"] = stacked[names[0]] - stacked[names[1]]
+    return {name: np.percentile(s, [2.5, 97.5]).round(6).tolist() for name, s in stacked.items()}
+
+
+def confident_mistakes(data: Examples, rows: np.ndarray, probs: np.ndarray, labels: list[str],
+                       k: int) -> list[dict[str, Any]]:
+    """The ``k`` wrong predictions made with the highest probability, with their (normalised) texts."""
+    y = np.asarray(data.labels)
+    predicted = probs.argmax(axis=1)
+    wrong = np.flatnonzero(predicted != y)
+    wrong = wrong[np.argsort(-probs[wrong, predicted[wrong]], kind="stable")][:k]
+    mistakes = []
+    for i in wrong:
+        text = normalize(data.texts[i])
+        mistakes.append({"row": int(rows[i]), "label": labels[y[i]], "predicted": labels[predicted[i]],
+                         "probability": round(float(probs[i, predicted[i]]), 6),
+                         "text": text if len(text) <= MISTAKE_CHARS else text[: MISTAKE_CHARS - 1] + "…"})
+    return mistakes
+
+
+# ------------------------------------------------------------------------- baseline
+def baseline_probabilities(train: Examples, texts: list[str], num_classes: int) -> np.ndarray:
+    """TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic regression, fitted on ``train``."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    model = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2),
+                          LogisticRegression(max_iter=1000))
+    model.fit([normalize(t) for t in train.texts], train.labels)
+    probs = np.zeros((len(texts), num_classes))
+    probs[:, model.classes_] = model.predict_proba([normalize(t) for t in texts])
+    return probs
+
+
+def run_training_data(config: dict[str, Any], source: str | None) -> Examples:
+    """The training split a run was trained on, rebuilt from its config.json (``source`` overrides
+    where the data is, for data that moved)."""
+    train = config.get("train") or {}
+    missing = [k for k in ("data", "val_size", "seed") if k not in train]
+    if missing:
+        raise ClassifyError(f"--baseline: the run's config.json has no train.{missing[0]}, so its training "
+                            f"split cannot be rebuilt")
+    try:
+        examples, _ = training_split(source or train["data"], train["val_size"], train["seed"], train.get("limit"))
+    except ClassifyError as err:
+        raise ClassifyError(f"--baseline needs the run's training data: {err} (pass --train-data if it moved)") from None
+    return examples
+
+
+# ------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m classify.evaluate",
+        description="Evaluate a trained run on a labelled split: metrics, calibration, plots, the most confident "
+                    "mistakes, and optionally a TF-IDF + logistic-regression baseline side by side.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--model", help="run folder (default: the newest run under runs/ with model.safetensors)")
+    p.add_argument("--data", help="hub id, folder of {train,test}.parquet, aclImdb folder, or a labelled "
+                                  "CSV/JSONL/parquet file (whole file) (default: the run's training source)")
+    p.add_argument("--split", default="test", help="split of --data to evaluate on")
+    p.add_argument("--output", help="report folder (default: RUN/eval-SPLIT)")
+    p.add_argument("--limit", type=int, help="evaluate a seeded random sample of N reviews (quick looks)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also train TF-IDF + logistic regression on the run's training split and compare")
+    p.add_argument("--train-data", help="where the run's training data is now, for --baseline (default: the "
+                                        "source in the run's config.json)")
+    p.add_argument("--bins", type=int, default=10, help="equal-width bins for ECE and the reliability curve")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
+    p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="autocast dtype; auto = bf16 where supported, else fp16 on CUDA, else fp32")
+    p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag in ("bins", "bootstrap", "batch_size"):
+        if getattr(args, flag) <= 0:
+            raise ClassifyError(f"--{flag.replace('_', '-')} must be positive")
+    console = Console(stderr=True, quiet=args.quiet)
+    run, device, dtype = open_run(args.model, args.device, args.precision, console)
+    source = args.data or (run.config.get("train") or {}).get("data") or default_source()
+    data = load_split(source, args.split, num_classes=len(run.labels))
+    rows = np.arange(len(data))
+    if args.limit is not None and 0 < args.limit < len(data):
+        rows = np.sort(np.random.default_rng(args.seed).permutation(len(data))[: args.limit])
+        data = data.subset(rows)
+    trained_on = (run.config.get("train") or {}).get("data")
+    if Path(source).is_file() and trained_on and Path(trained_on).resolve() == Path(source).resolve():
+        console.print(f"[yellow]note:[/] {escape(source)} is the run's own training file: these numbers include "
+                      f"examples it was trained on")
+    out = Path(args.output) if args.output else run.path / f"eval-{args.split}"
+    y = np.asarray(data.labels)
+
+    start = time.monotonic()
+    ids = encode_texts(run, data.texts)
+    with progress_bar(len(ids), not args.quiet) as update:
+        probs = predict_ids(run.model, ids, device, dtype, batch_size=args.batch_size,
+                            progress=lambda done: update(done, f"{done} reviews"))
+    seconds = {TRANSFORMER: round(time.monotonic() - start, 2)}
+    probs = probs.astype(np.float64)  # renormalised in float64: sklearn checks rows sum to 1 within 1e-8
+    probabilities = {TRANSFORMER: probs / probs.sum(axis=1, keepdims=True)}
+    if args.baseline:
+        start = time.monotonic()
+        train = run_training_data(run.config, args.train_data)
+        console.print(f"baseline: TF-IDF + logistic regression on the run's {len(train)} training reviews")
+        probabilities[BASELINE] = baseline_probabilities(train, data.texts, len(run.labels))
+        seconds[BASELINE] = round(time.monotonic() - start, 2)
+
+    systems = {name: classification_metrics(y, p, run.labels, args.bins) for name, p in probabilities.items()}
+    intervals = bootstrap_accuracy({name: (p.argmax(axis=1) == y).astype(np.float64)
+                                    for name, p in probabilities.items()}, args.bootstrap, args.seed)
+    for name, metrics in systems.items():
+        metrics["accuracy_ci95"] = intervals[name]
+    metrics: dict[str, Any] = {
+        "model": str(run.path), "data": source, "split": args.split, "examples": len(data),
+        "limit": args.limit, "labels": run.labels, "bins": args.bins, "bootstrap_resamples": args.bootstrap,
+        "seed": args.seed, "systems": systems, "seconds": seconds,
+    }
+    if args.baseline:
+        metrics["baseline"] = {"description": "TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic "
+                                              "regression, trained on the run's training split",
+                               "training_examples": len(train)}
+        metrics["accuracy_difference"] = {
+            "transformer_minus_baseline": systems[TRANSFORMER]["accuracy"] - systems[BASELINE]["accuracy"],
+            "ci95": intervals[f"{TRANSFORMER} - {BASELINE}"]}
+    metrics["mistakes"] = confident_mistakes(data, rows, probabilities[TRANSFORMER], run.labels, args.mistakes)
+    if args.baseline:
+        metrics["baseline_mistakes"] = confident_mistakes(data, rows, probabilities[BASELINE], run.labels,
+                                                          args.mistakes)
+    history = _training_history(run.path, console)
+    metrics["training"] = _training_summary(history)
+
+    metrics["plots"] = write_plots(out, y, probabilities, metrics, history, console)
+    checkpoint.write_json(out / "metrics.json", metrics)
+    write_markdown(out / "report.md", metrics)
+    print_summary(console, metrics)
+    console.print(f"report: {escape(str(out / 'report.md'))}")
+    return 0
+
+
+def _training_history(run: Path, console: Console) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl (one record per validation), or [] when it is missing or unreadable."""
+    try:
+        return checkpoint.read_jsonl(run / checkpoint.METRICS)
+    except (ValueError, UnicodeDecodeError) as err:
+        console.print(f"[yellow]note:[/] no training curves: {escape(str(run / checkpoint.METRICS))} is corrupt ({err})")
+        return []
+
+
+def _training_summary(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    valid = [r for r in history if "val_accuracy" in r]
+    if not valid:
+        return None
+    best = max(valid, key=lambda r: r["val_accuracy"])
+    return {"evaluations": len(valid), "last_step": valid[-1].get("step"), "best_step": best.get("step"),
+            "best_val_accuracy": best["val_accuracy"], "train_seconds": valid[-1].get("elapsed_s")}
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="classify.evaluate"))

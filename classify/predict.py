@@ -1,0 +1,401 @@
+"""python -m classify.predict: the sentiment of reviews, from a trained run folder.
+
+    python -m classify.predict "A wonderful film." "Two hours I will never get back."
+    python -m classify.predict --file reviews.txt --output predictions.csv
+    python -m classify.predict --format jsonl --json - < reviews.jsonl
+    python -m classify.predict --explain --explain-html why.html "Great cast, awful script."
+
+Reviews are read lazily (``classify.inputs``) and classified in chunks, each batched and
+length-bucketed by ``inference.predict_ids``, so files of any size stream through in
+bounded memory; results come out in input order. A review that cannot be classified gets a
+per-item error and the others are still predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+from . import checkpoint
+from .data import normalize
+from .device import PRECISIONS, autocast_dtype, resolve_device
+from .errors import ClassifyError, run_cli
+from .explain import Explanation, explain, to_html, to_rich
+from .inference import KIND, LoadedRun, encode_texts, load_run, predict_ids
+from .inputs import FORMATS, Inputs, Review, open_inputs
+from .tokenize import truncate
+
+RUNS_DIR = Path("runs")
+CHUNK_REVIEWS = 1024          # reviews classified together: enough for good length buckets
+CHUNK_CHARS = 16 * 2**20      # ... and a bound on the text held at once
+CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
+EXCERPT_CHARS = 70
+OUTPUT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+# ------------------------------------------------------------- shared with evaluate
+def newest_run(root: Path = RUNS_DIR) -> Path:
+    """The classifier run folder under ``root`` whose model.safetensors was written last (runs of
+    other kinds, e.g. translation models, live there too)."""
+    weights = sorted(root.rglob(checkpoint.WEIGHTS), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    for path in reversed(weights):
+        try:
+            kind = json.loads((path.parent / checkpoint.CONFIG).read_text(encoding="utf-8")).get("kind")
+        except (OSError, ValueError, AttributeError):
+            continue  # no or unreadable config: not a usable run
+        if kind == KIND:
+            return path.parent
+    raise ClassifyError(f"no --model given and no trained classifier run (a folder with {checkpoint.WEIGHTS}) "
+                        f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except empty ones (None, False): their help text says what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def open_run(model: str | None, device_name: str, precision: str,
+             console: Console) -> tuple[LoadedRun, torch.device, torch.dtype | None]:
+    """Device, autocast dtype and the run (``model`` or the newest one), announced on ``console``."""
+    try:
+        device = resolve_device(device_name)
+        dtype = autocast_dtype(device, precision)
+    except (ValueError, RuntimeError) as err:
+        raise ClassifyError(str(err)) from None
+    path = Path(model) if model is not None else newest_run()
+    run = load_run(path, device)
+    how = "" if model is not None else f" (the newest run under {RUNS_DIR}/; choose another with --model)"
+    console.print(f"model: {escape(str(path))}{how}, device {device}, "
+                  f"{'autocast ' + str(dtype).removeprefix('torch.') if dtype else 'fp32'}")
+    return run, device, dtype
+
+
+@contextmanager
+def progress_bar(total: float | None, enabled: bool) -> Iterator[Callable[[float, str], None]]:
+    """A transient progress bar on stderr when it is a terminal (silent otherwise, e.g. in CI logs);
+    yields ``update(completed, info)``. stdout is left alone so results can be piped meanwhile."""
+    console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield lambda completed, info: None
+        return
+    with Progress(BarColumn(), TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                  TextColumn("eta"), TimeRemainingColumn(), console=console, transient=True,
+                  redirect_stdout=False, redirect_stderr=False) as progress:
+        task = progress.add_task("", total=total, info="")
+        yield lambda completed, info: progress.update(task, completed=completed, info=info)
+
+
+# ----------------------------------------------------------------------- prediction
+@dataclass
+class Prediction:
+    """The outcome for one review: probabilities, or an error; notes either way."""
+
+    review: Review
+    probabilities: np.ndarray | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    text: str = ""                 # the review as tokenized (after ``clip``)
+    excerpt: str = ""
+    explanation: Explanation | None = None
+
+    def label(self, labels: list[str]) -> tuple[str, float]:
+        k = int(np.argmax(self.probabilities))
+        return labels[k], float(self.probabilities[k])
+
+
+def clip(text: str, run: LoadedRun) -> tuple[str, str | None]:
+    """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
+    keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
+    than a long one. Reviews shorter than that are untouched."""
+    budget = CHARS_PER_TOKEN * run.max_len
+    if len(text) <= budget:
+        return text, None
+    # ``truncate`` slices any sequence: here characters, with the run's head/tail strategy.
+    note = (f"truncated: {len(text):,} characters, of which the model read {run.max_len} tokens "
+            f"({run.truncation})")
+    return truncate(text, budget, run.truncation), note  # type: ignore[arg-type]
+
+
+def predict_chunk(run: LoadedRun, reviews: list[Review], device: torch.device, dtype: torch.dtype | None,
+                  batch_size: int, progress: Callable[[int], None] | None = None) -> list[Prediction]:
+    """Classify ``reviews`` (one chunk) in input order; unusable ones get their error."""
+    predictions = []
+    for review in reviews:
+        prediction = Prediction(review, error=review.error, notes=list(review.notes))
+        if review.text is not None:
+            text, note = clip(review.text, run)
+            normalized = normalize(text)
+            if note:
+                prediction.notes.append(note)
+            if not normalized:
+                prediction.error = "no text left once HTML markup is removed"
+            else:
+                prediction.text = text
+                prediction.excerpt = normalized if len(normalized) <= EXCERPT_CHARS else \
+                    normalized[: EXCERPT_CHARS - 1] + "…"
+        predictions.append(prediction)
+    todo = [p for p in predictions if p.error is None]
+    if not todo:
+        return predictions
+    ids = encode_texts(run, [p.text for p in todo])
+    probabilities = predict_ids(run.model, ids, device, dtype, batch_size=batch_size, progress=progress)
+    for prediction, tokens, row in zip(todo, ids, probabilities):
+        prediction.probabilities = row
+        if len(tokens) == run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:
+            # It filled the model: count its tokens to say whether anything was cut.
+            total = len(run.tokenizer.encode(normalize(prediction.text), add_special_tokens=False).ids)
+            if total > run.max_len:
+                prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
+                                        f"({run.truncation})")
+    return predictions
+
+
+def chunks(reviews: Iterable[Review]) -> Iterator[list[Review]]:
+    chunk: list[Review] = []
+    chars = 0
+    for review in reviews:
+        chunk.append(review)
+        chars += len(review.text or "")
+        if len(chunk) >= CHUNK_REVIEWS or chars >= CHUNK_CHARS:
+            yield chunk
+            chunk, chars = [], 0
+    if chunk:
+        yield chunk
+
+
+# -------------------------------------------------------------------------- outputs
+def record(prediction: Prediction, labels: list[str]) -> dict:
+    """The JSON object for one input: ``id``, ``source``, then ``label``/``score``/``probabilities``
+    or ``error``, then ``notes`` (and ``explanation`` with --explain)."""
+    out: dict = {"id": prediction.review.id, "source": prediction.review.source}
+    if prediction.error is not None:
+        out["error"] = prediction.error
+    else:
+        label, score = prediction.label(labels)
+        out.update(label=label, score=round(score, 6),
+                   probabilities={name: round(float(p), 6) for name, p in zip(labels, prediction.probabilities)})
+    out["notes"] = prediction.notes
+    if prediction.explanation is not None:
+        out["explanation"] = {"target": labels[prediction.explanation.target],
+                              "words": [[w, round(s, 4)] for w, s in prediction.explanation.word_scores()]}
+    return out
+
+
+class JsonLinesWriter:
+    def __init__(self, stream: TextIO, labels: list[str]):
+        self.stream, self.labels = stream, labels
+
+    def write(self, predictions: list[Prediction]) -> None:
+        for prediction in predictions:
+            self.stream.write(json.dumps(record(prediction, self.labels), ensure_ascii=False) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class CsvWriter:
+    def __init__(self, stream: TextIO, labels: list[str]):
+        self.labels = labels
+        self.writer = csv.writer(stream)
+        self.writer.writerow(["id", "source", "label", "score", *(f"p_{name}" for name in labels), "error", "notes"])
+
+    def write(self, predictions: list[Prediction]) -> None:
+        for prediction in predictions:
+            r = record(prediction, self.labels)
+            probabilities = r.get("probabilities", {})
+            self.writer.writerow([r["id"], r["source"], r.get("label", ""), r.get("score", ""),
+                                  *(probabilities.get(name, "") for name in self.labels),
+                                  r.get("error", ""), "; ".join(r["notes"])])
+
+    def close(self) -> None:
+        pass
+
+
+class TableWriter:
+    """A rich table (and coloured explanations) for people, printed once all reviews are in."""
+
+    def __init__(self, console: Console, labels: list[str]):
+        self.console, self.labels = console, labels
+        self.table = Table("source", "label", "probability", "review")
+        self.panels: list[Panel] = []
+
+    def write(self, predictions: list[Prediction]) -> None:
+        for p in predictions:
+            # Text objects, not strings: review text must never be parsed as rich markup.
+            notes = Text("".join(f"\n({note})" for note in p.notes), style="dim")
+            source = Text(p.review.source)
+            if p.error is not None:
+                self.table.add_row(source, Text("error", style="bold red"), "", Text(p.error, style="red") + notes)
+                continue
+            label, score = p.label(self.labels)
+            self.table.add_row(source, Text(label, style="bold"), f"{score:.3f}", Text(p.excerpt) + notes)
+            if p.explanation is not None:
+                self.panels.append(Panel(to_rich(p.explanation), title=Text(f"{p.review.source}: {label} {score:.3f}"),
+                                         subtitle=f"green: towards {label}, red: against", title_align="left"))
+
+    def close(self) -> None:
+        self.console.print(self.table)
+        for panel in self.panels:
+            self.console.print(panel)
+
+
+class HtmlWriter:
+    """``--explain-html``: one snippet per explained review, written when done."""
+
+    def __init__(self, path: Path, labels: list[str], steps: int):
+        self.path, self.labels = path, labels
+        method = "gradient x input" if steps == 1 else f"integrated gradients ({steps} steps)"
+        self.parts = [f'<p class="classify-legend">Word attributions by {method} on the token embeddings: '
+                      f'<span style="background-color:rgb(100,255,100)">green</span> pushed towards the '
+                      f'predicted label, <span style="background-color:rgb(255,100,100)">red</span> against it. '
+                      f'Hover over a word for its score.</p>\n']
+
+    def write(self, predictions: list[Prediction]) -> None:
+        for p in predictions:
+            if p.explanation is not None:
+                label, score = p.label(self.labels)
+                self.parts.append(to_html(p.explanation, f"{p.review.source}: {label} ({score:.1%})"))
+
+    def close(self) -> None:
+        checkpoint.write_text(self.path, "".join(self.parts))
+
+
+def classify_all(run: LoadedRun, inputs: Inputs, writers: list, device: torch.device, dtype: torch.dtype | None,
+                 batch_size: int, explain_steps: int | None, show_bar: bool) -> dict[str, int]:
+    """Stream every review through ``predict_chunk`` (and ``explain`` when ``explain_steps`` is set)
+    into ``writers``, chunk by chunk, with a progress bar over the input bytes."""
+    counts = {"predicted": 0, "errors": 0}
+    done_bytes = 0
+    with progress_bar(inputs.total_bytes, show_bar) as update:
+        for chunk in chunks(inputs.reviews):
+            chunk_bytes = sum(r.nbytes for r in chunk)
+            n_before = counts["predicted"] + counts["errors"]
+
+            def advance(n: int, size: int = len(chunk)) -> None:
+                update(done_bytes + chunk_bytes * n / size, f"{n_before + n} reviews")
+
+            predictions = predict_chunk(run, chunk, device, dtype, batch_size, advance)
+            for prediction in predictions:
+                counts["errors" if prediction.error else "predicted"] += 1
+                if explain_steps is not None and prediction.error is None:
+                    target = int(np.argmax(prediction.probabilities))
+                    prediction.explanation = explain(run, prediction.text, target, explain_steps, device)
+            for writer in writers:
+                writer.write(predictions)
+            done_bytes += chunk_bytes
+            update(done_bytes, f"{n_before + len(chunk)} reviews")
+    return counts
+
+
+# ------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m classify.predict",
+        description="Classify the sentiment of reviews with a trained run. A review that cannot be classified "
+                    "(empty, only markup, binary, unreadable, over the size limit) gets a per-item error and "
+                    "the rest are still predicted; exit status 0 unless the run or an input as a whole is "
+                    "unusable (then one line on stderr and status 2).",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("texts", nargs="*", metavar="TEXT",
+                   help="reviews to classify; '-' reads stdin (one review per line). With no TEXT and no --file, "
+                        "stdin is read when it is not a terminal")
+    g = p.add_argument_group("input")
+    g.add_argument("--file", help="a .txt file (one review per line), .jsonl (a 'text' field per line), .csv "
+                                  "(a 'text' column), or a folder of .txt files (one review each, recursively)")
+    g.add_argument("--format", choices=FORMATS, default="auto",
+                   help="format of --file and stdin; auto = by extension (stdin: text)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {checkpoint.WEIGHTS})")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    g.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="autocast dtype; auto = bf16 where supported, else fp16 on CUDA, else fp32")
+    g.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true",
+                   help="one JSON object per input on stdout: id, source, label, score, probabilities, notes "
+                        "(or id, source, error, notes)")
+    g.add_argument("--output", help="also write all results to this .csv or .jsonl file (then stdout shows "
+                                    "nothing unless --json)")
+    g.add_argument("--explain", action="store_true",
+                   help="show which words pushed each decision (coloured text; 'explanation' in JSON output)")
+    g.add_argument("--explain-html", metavar="FILE", help="write the explanations as an HTML snippet (implies --explain)")
+    g.add_argument("--explain-steps", type=int, default=32,
+                   help="integrated-gradients steps per review; 1 = plain gradient x input (cheapest)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar and no messages on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch_size <= 0 or args.explain_steps <= 0:
+        raise ClassifyError("--batch-size and --explain-steps must be positive")
+    output_format = None
+    if args.output is not None:
+        output_format = OUTPUT_FORMATS.get(Path(args.output).suffix.lower())
+        if output_format is None:
+            raise ClassifyError(f"--output {args.output}: use a .csv or .jsonl file name")
+    explaining = args.explain or args.explain_html is not None
+    console = Console(stderr=True, quiet=args.quiet)
+    inputs = open_inputs(args.texts, args.file, args.format, sys.stdin)
+    run, device, dtype = open_run(args.model, args.device, args.precision, console)
+    for note in inputs.notes:
+        console.print(f"note: {escape(note)}")
+
+    start = time.monotonic()
+    with ExitStack() as stack:
+        writers: list = []
+        if args.json:
+            writers.append(JsonLinesWriter(sys.stdout, run.labels))
+        elif args.output is None:
+            writers.append(TableWriter(Console(), run.labels))
+        if args.output is not None:
+            tmp = stack.enter_context(checkpoint.atomic_path(args.output))  # no half-written file on failure
+            stream = stack.enter_context(open(tmp, "w", encoding="utf-8", newline=""))
+            writers.append((CsvWriter if output_format == "csv" else JsonLinesWriter)(stream, run.labels))
+        if args.explain_html is not None:
+            writers.append(HtmlWriter(Path(args.explain_html), run.labels, args.explain_steps))
+        # A bar drawn between JSON lines on the same terminal would garble them.
+        show_bar = not args.quiet and not (args.json and sys.stdout.isatty())
+        counts = classify_all(run, inputs, writers, device, dtype, args.batch_size,
+                              args.explain_steps if explaining else None, show_bar)
+        if not counts["predicted"] + counts["errors"]:
+            raise ClassifyError("no reviews in the input")
+        for writer in writers:  # after the progress bar is gone: the table prints here
+            writer.close()
+
+    seconds = time.monotonic() - start
+    total = counts["predicted"] + counts["errors"]
+    console.print(f"{counts['predicted']} of {total} reviews classified"
+                  + (f", {counts['errors']} could not be (see their errors)" if counts["errors"] else "")
+                  + f" in {seconds:.1f}s ({total / max(seconds, 1e-9):.0f}/s)")
+    for path in (args.output, args.explain_html):
+        if path is not None:
+            console.print(f"wrote {escape(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="classify.predict"))

@@ -1,0 +1,148 @@
+"""python -m classify.evaluate: report files, metrics against scikit-learn, the baseline's training split, errors."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, f1_score
+
+from classify.data import load_split, stratified_split, training_split
+from classify.errors import run_cli
+from classify.evaluate import bootstrap_accuracy, classification_metrics, expected_calibration_error, main
+from classify.report import md
+from conftest import synthetic_reviews, write_csv
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def report(trained_run, tmp_path_factory) -> Path:
+    """One evaluation with the baseline, shared by the checks below (the run folder is not written to)."""
+    out = tmp_path_factory.mktemp("report")
+    assert main(["--model", str(trained_run), "--split", "test", "--output", str(out), "--baseline",
+                 "--bootstrap", "500", "--mistakes", "3", "--quiet"]) == 0
+    return out
+
+
+def test_report_files_are_written_and_well_formed(report, trained_run):
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert metrics["examples"] == 200 and metrics["split"] == "test" and metrics["labels"] == ["neg", "pos"]
+    assert set(metrics["systems"]) == {"transformer", "baseline"}
+    for system in metrics["systems"].values():
+        assert {"accuracy", "accuracy_ci95", "precision_macro", "recall_macro", "f1_macro", "per_class", "roc_auc",
+                "log_loss", "ece", "confusion_matrix", "reliability"} <= set(system)
+        lo, hi = system["accuracy_ci95"]
+        assert lo <= system["accuracy"] <= hi and 0.8 < system["accuracy"] <= 1
+        assert np.sum(system["confusion_matrix"]) == 200
+        assert len(system["reliability"]["mean_predicted"]) == len(system["reliability"]["fraction_positive"])
+    # The transformer matches the accuracy train.py measured on the same test split.
+    assert metrics["systems"]["transformer"]["accuracy"] == pytest.approx(
+        json.loads((trained_run / "test_metrics.json").read_text())["accuracy"], abs=0.02)
+    assert metrics["baseline"]["training_examples"] == 320  # 400 training reviews minus --val-size 80
+    assert len(metrics["accuracy_difference"]["ci95"]) == 2
+    assert len(metrics["mistakes"]) <= 3 and all(m["label"] != m["predicted"] for m in metrics["mistakes"])
+    assert metrics["training"]["evaluations"] == 4
+
+    assert sorted(metrics["plots"]) == ["confusion_matrix.png", "reliability.png", "roc_curve.png",
+                                        "training_curves.png"]
+    for name in metrics["plots"]:
+        assert (report / name).read_bytes().startswith(PNG)
+    text = (report / "report.md").read_text()
+    for heading in ("## Metrics", "## Per class", "## Confusion matrices", "## Calibration",
+                    "## Most confident mistakes (transformer)", "## Most confident mistakes (baseline)"):
+        assert heading in text
+    assert "| metric | transformer | baseline |" in text and "](roc_curve.png)" in text
+    assert not list(report.glob(".*.tmp")) and not list(trained_run.glob("eval-*"))
+
+
+def test_metrics_agree_with_scikit_learn():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 500)
+    p1 = np.clip(y * 0.6 + rng.normal(0.2, 0.25, 500), 0.01, 0.99)
+    probs = np.stack([1 - p1, p1], axis=1)
+    metrics = classification_metrics(y, probs, ["neg", "pos"], bins=10)
+    assert metrics["accuracy"] == accuracy_score(y, probs.argmax(1))
+    assert metrics["f1_macro"] == pytest.approx(f1_score(y, probs.argmax(1), average="macro"))
+    assert metrics["per_class"]["pos"]["support"] == int(y.sum())
+    # ECE: zero when confidence equals accuracy in every bin, the gap otherwise.
+    assert expected_calibration_error(np.array([1, 1, 1, 0]), np.array([[0.25, 0.75]] * 4), 10) == pytest.approx(0)
+    assert expected_calibration_error(np.array([1, 1]), np.array([[0.4, 0.6]] * 2), 10) == pytest.approx(0.4)
+    # One class only: no ROC-AUC or reliability curve, but the rest still works.
+    single = classification_metrics(np.ones(4, int), np.array([[0.2, 0.8]] * 4), ["neg", "pos"], bins=10)
+    assert single["roc_auc"] is None and single["reliability"] is None and single["accuracy"] == 1
+
+
+def test_bootstrap_is_seeded_paired_and_centred():
+    rng = np.random.default_rng(1)
+    a = (rng.random(2000) < 0.85).astype(float)
+    b = a.copy()
+    intervals = bootstrap_accuracy({"a": a, "b": b}, 1000, seed=0)
+    assert intervals == bootstrap_accuracy({"a": a, "b": b}, 1000, seed=0)
+    lo, hi = intervals["a"]
+    assert lo < a.mean() < hi and 0.02 < hi - lo < 0.04  # ~ +-1.96 * sqrt(p(1-p)/n)
+    assert intervals["a - b"] == [0.0, 0.0]  # identical systems: paired resamples give no difference
+
+
+def test_baseline_uses_exactly_the_runs_training_split(trained_run, parquet_data):
+    config = json.loads((trained_run / "config.json").read_text())["train"]
+    train, val = training_split(config["data"], config["val_size"], config["seed"], config["limit"])
+    full = load_split(str(parquet_data), "train")
+    train_idx, val_idx = stratified_split(full.labels, config["val_size"], config["seed"])
+    assert train.texts == [full.texts[i] for i in train_idx] and len(val) == config["val_size"]
+    # --limit: a seeded sample first, then the same split.
+    small, small_val = training_split(str(parquet_data), 40, 3, limit=200)
+    again, _ = training_split(str(parquet_data), 40, 3, limit=200)
+    assert len(small) == 160 and len(small_val) == 40 and small.texts == again.texts
+    assert not set(small.texts) & set(small_val.texts)
+
+
+def test_labelled_file_limit_and_no_matplotlib(trained_run, tmp_path, capsys, monkeypatch):
+    data = write_csv(tmp_path / "labelled.csv", synthetic_reviews(60, seed=5))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert main(["--model", str(trained_run), "--data", str(data), "--output", str(tmp_path / "r"),
+                 "--limit", "40", "--bootstrap", "50"]) == 0
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert metrics["examples"] == 40 and metrics["plots"] == [] and "baseline" not in metrics
+    assert all(0 <= m["row"] < 60 for m in metrics["mistakes"])
+    assert "No plots" in (tmp_path / "r" / "report.md").read_text()
+    out = capsys.readouterr()
+    assert "matplotlib is not installed" in out.err and "accuracy (95% CI)" in out.err
+
+
+def test_markdown_escaping_keeps_review_text_inert():
+    assert md("<script>x</script> | *bold* [link](u) &amp;") == \
+        r"\<script\>x\</script\> \| \*bold\* \[link\](u) \&amp;"
+    assert md("# not a heading") == r"\# not a heading" and md("1. not a list") == r"1\. not a list"
+
+
+def test_corrupt_training_log_still_gives_a_report(trained_run, tmp_path, capsys):
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("last")))
+    (run / "metrics.jsonl").write_text('{"step": 1, "val_accuracy": 0.5}\n{truncated')
+    assert main(["--model", str(run), "--output", str(tmp_path / "r"), "--bootstrap", "20", "--quiet"]) == 0
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert metrics["training"] is None and "training_curves.png" not in metrics["plots"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "/nonexistent/data.csv"], "data not found"),
+    (["--split", "validation"], "has no validation.parquet"),
+    (["--bins", "0"], "--bins must be positive"),
+    (["--baseline", "--train-data", "/nonexistent/train"], "needs the run's training data"),
+])
+def test_bad_arguments_are_one_line_errors(trained_run, tmp_path, capsys, argv, message):
+    assert run_cli(main, ["--model", str(trained_run), "--output", str(tmp_path / "r"), "--quiet", *argv],
+                   prog="classify.evaluate") == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and message in err.splitlines()[-1]
+
+
+def test_broken_run_folder_is_a_one_line_error(trained_run, tmp_path, capsys):
+    run = Path(shutil.copytree(trained_run, tmp_path / "run", ignore=shutil.ignore_patterns("last")))
+    weights = run / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert run_cli(main, ["--model", str(run), "--quiet"], prog="classify.evaluate") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("classify.evaluate: error:") and "truncated" in err and "\n" not in err
