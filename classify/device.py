@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .errors import ClassifyError
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -27,15 +29,18 @@ def resolve_device(name: str = "auto") -> torch.device:
             name = "mps"
         else:
             name = "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ClassifyError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("--device cuda was asked for but CUDA is not available on this machine")
+            raise ClassifyError("--device cuda was asked for but CUDA is not available on this machine")
         if device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("--device mps was asked for but MPS is not available on this machine")
+        raise ClassifyError("--device mps was asked for but MPS is not available on this machine")
     return device
 
 
@@ -53,16 +58,16 @@ def bf16_supported(device: torch.device) -> bool:
 def autocast_dtype(device: torch.device, precision: str = "auto") -> torch.dtype | None:
     """The autocast dtype for ``precision`` on ``device``; ``None`` means plain fp32."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ClassifyError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "fp32":
         return None
     if precision == "bf16":
         if not bf16_supported(device):
-            raise ValueError(f"bf16 is not supported on {device}; use --precision fp32 or auto")
+            raise ClassifyError(f"bf16 is not supported on {device}; use --precision fp32 or auto")
         return torch.bfloat16
     if precision == "fp16":
         if device.type == "cpu":
-            raise ValueError("fp16 autocast is for GPUs; on CPU use --precision bf16 or fp32")
+            raise ClassifyError("fp16 autocast is for GPUs; on CPU use --precision bf16 or fp32")
         return torch.float16
     # auto
     if bf16_supported(device):

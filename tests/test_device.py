@@ -1,0 +1,40 @@
+"""The device module: choice, autocast dtype, transfers, and one-line errors for impossible requests."""
+
+import pytest
+import torch
+
+from classify.device import autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
+from classify.errors import ClassifyError
+
+
+def test_cpu_choices():
+    cpu = resolve_device("cpu")
+    assert cpu.type == "cpu" and not pin_memory(cpu)
+    assert autocast_dtype(cpu, "fp32") is None
+    assert autocast_dtype(cpu, "auto") in (torch.bfloat16, None)
+    assert not grad_scaler(cpu, torch.bfloat16).is_enabled()
+    assert resolve_device("auto").type in ("cpu", "cuda", "mps")
+
+
+def test_impossible_requests_are_user_errors():
+    cpu = torch.device("cpu")
+    with pytest.raises(ClassifyError, match="fp16"):
+        autocast_dtype(cpu, "fp16")
+    with pytest.raises(ClassifyError, match="precision"):
+        autocast_dtype(cpu, "fp8")
+    with pytest.raises(ClassifyError, match="unknown device"):
+        resolve_device("tpu-please")
+    if not torch.cuda.is_available():
+        with pytest.raises(ClassifyError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+def test_to_device_nested_and_autocast_runs():
+    cpu = torch.device("cpu")
+    batch = {"tokens": torch.ones(2, 3), "meta": [torch.zeros(1), "keep"]}
+    moved = to_device(batch, cpu)
+    assert moved["meta"][1] == "keep" and moved["tokens"].device == cpu
+    dtype = autocast_dtype(cpu, "auto")
+    with autocast(cpu, dtype):
+        out = torch.nn.Linear(3, 2)(torch.ones(1, 3))
+    assert out.dtype == (dtype or torch.float32)
