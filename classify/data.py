@@ -89,7 +89,8 @@ def provides_split(source: str, split: str) -> bool:
     if path.is_file():
         return split == "train"
     if path.is_dir():
-        acl = [root for root in (path, path / "aclImdb") if (root / split).is_dir()]
+        folder = "train/unsup" if split == "unsupervised" else split  # aclImdb keeps unlabelled text there
+        acl = [root for root in (path, path / "aclImdb") if (root / folder).is_dir()]
         return (path / f"{split}.parquet").exists() or bool(acl)
     return True  # hub datasets: let the loader answer
 

@@ -29,6 +29,7 @@ from .batching import BucketBatchSampler, TokenizedDataset, make_loader
 from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
 from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
 from .errors import ClassifyError, run_cli
+from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, predict_ids
 from .models import Classifier, ClassifierConfig
 from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
@@ -63,9 +64,12 @@ class TrainConfig:
     save_every: int = 200
     num_workers: int = 0
     label_smoothing: float = 0.0
+    init_from: str | None = None
+    layer_decay: float | None = None
 
     # Fields that must match to continue a run in the same folder (the rest may change on resume).
-    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed")
+    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed", "init_from",
+                "layer_decay")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,13 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly and evaluate")
     g.add_argument("--batch-size", type=int, default=32, help="reviews per batch")
     g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    g.add_argument("--lr", type=float, default=1e-3,
+                   help="peak learning rate (AdamW); with --init-from the default is 3e-4")
     g.add_argument("--warmup", type=int, default=200, help="linear warmup steps")
     g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="decay after warmup")
     g.add_argument("--weight-decay", type=float, default=0.1, help="decoupled weight decay (matrices only)")
     g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing of the cross-entropy")
     g.add_argument("--patience", type=int, help="stop after N evaluations without validation improvement")
+    g = p.add_argument_group("fine-tuning (see classify.pretrain)")
+    g.add_argument("--init-from", metavar="PRETRAIN_RUN",
+                   help="start from a classify.pretrain run: its tokenizer, model sizes and encoder weights "
+                        "(the classification head starts fresh); model/tokenizer flags must then be left out")
+    g.add_argument("--layer-decay", type=float,
+                   help="layer-wise lr decay: block i of L gets lr * decay**(L - i), embeddings decay**(L + 1)")
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, default=0, help="random seed (runs are deterministic on CPU)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
@@ -149,6 +160,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.lr <= 0:
         raise ClassifyError(f"--lr must be positive, got {args.lr}")
+    if args.layer_decay is not None and not 0.0 < args.layer_decay <= 1.0:
+        raise ClassifyError(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
     if args.limit is not None and args.limit <= args.val_size:
         raise ClassifyError(f"--limit {args.limit} leaves no training data after --val-size {args.val_size}")
 
@@ -189,7 +202,10 @@ def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], dev
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.init_from:
+        adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
     check_args(args)
     out = Path(args.output)
     console = Console(stderr=True, quiet=args.quiet)
@@ -208,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     val_texts = [normalize(t) for t in val_set.texts]
     if resuming:
         tokenizer = load_tokenizer(out / checkpoint.TOKENIZER)
+    elif args.init_from:
+        tokenizer = load_tokenizer(Path(args.init_from) / checkpoint.TOKENIZER)
     else:
         tokenizer = train_tokenizer(train_texts, args.vocab_size, args.tokenizer)
     model_config.vocab_size = tokenizer.get_vocab_size()
@@ -227,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- model and optimisation
     model = Classifier(model_config).to(device)
-    optimizer = build_optimizer(model, args.lr, args.weight_decay)
+    if args.init_from:  # on resume, last/ (loaded below) then replaces these weights
+        load_pretrained_encoder(model, args.init_from)
+    lr_scale = layer_lr_scale(model_config.num_layers, args.layer_decay) if args.layer_decay else None
+    optimizer = build_optimizer(model, args.lr, args.weight_decay, lr_scale=lr_scale)
     scaler = grad_scaler(device, dtype)
     dataset = TokenizedDataset(train_ids, train_set.labels)
     sampler = BucketBatchSampler(dataset.lengths, batch_size=args.batch_size, max_tokens=args.max_tokens,

@@ -8,6 +8,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,21 +27,29 @@ def set_seed(seed: int) -> None:
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
-                    betas: tuple[float, float] = (0.9, 0.98)) -> torch.optim.AdamW:
+                    betas: tuple[float, float] = (0.9, 0.98),
+                    lr_scale: Callable[[str], float] | None = None) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on weight matrices only.
 
     Norm gains, biases, token embeddings and learned positions are not decayed: shrinking
     them towards zero regularises nothing useful (and hurts rare-token embeddings).
+    ``lr_scale(parameter name)`` (e.g. layer-wise decay when fine-tuning) splits the groups
+    further by scale, stored as each group's ``lr_scale``, which ``set_lr`` applies.
     """
     decay, no_decay = [], []
-    seen: set[int] = set()
+    seen: dict[int, str] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad or id(param) in seen:
             continue
-        seen.add(id(param))
+        seen[id(param)] = name
         is_embedding = "embed" in name or name.endswith("positions")
         (no_decay if param.dim() < 2 or is_embedding else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if lr_scale is not None:
+        scales = {pid: lr_scale(name) for pid, name in seen.items()}
+        groups = [{"params": [p for p in g["params"] if scales[id(p)] == s], "weight_decay": g["weight_decay"],
+                   "lr_scale": s}
+                  for g in groups for s in sorted({scales[id(p)] for p in g["params"]}, reverse=True)]
     fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=lr, betas=betas, **fused)
 
