@@ -4,8 +4,12 @@ Each epoch the sampler shuffles all examples (seeded by ``seed + epoch``), cuts 
 permutation into large pools, sorts each pool by length, cuts it into batches (by
 example count or by a token budget), and shuffles the batches. Under
 DistributedDataParallel each rank takes every ``world_size``-th batch; the batch list
-is first made a multiple of ``world_size`` by splitting the largest batches, so every
-example is seen exactly once per epoch and every rank runs the same number of steps.
+is first made a multiple of ``world_size * grad_accum`` by splitting the largest
+batches, so every example is seen exactly once per epoch and every rank runs the same
+number of optimizer steps of ``grad_accum`` micro-batches each. Optimizer step ``s``
+consumes the global batches ``[s * k, (s + 1) * k)`` with ``k = world_size * grad_accum``,
+so the batch list, and what each step trains on, depends on ``k`` alone: 2 ranks
+without accumulation and 1 process accumulating 2 micro-batches train on the same data.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch
 
 class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
     def __init__(self, lengths: Sequence[int], batch_size: int = 32, max_tokens: int | None = None,
-                 shuffle: bool = True, seed: int = 0, pool_batches: int = 50, rank: int = 0, world_size: int = 1):
+                 shuffle: bool = True, seed: int = 0, pool_batches: int = 50, rank: int = 0, world_size: int = 1,
+                 grad_accum: int = 1):
         if len(lengths) == 0:
             raise ValueError("cannot batch an empty dataset")
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -29,10 +34,15 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         self.pool_size = batch_size * pool_batches
         self.rank = rank
         self.world_size = world_size
+        self.grad_accum = grad_accum
         self.epoch = 0
+        self.skip = np.zeros(0, dtype=np.int64)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, skip: Sequence[int] = ()) -> None:
+        """Serve epoch ``epoch``, leaving out the examples in ``skip`` (already trained on in this
+        epoch before a resume that changed the batch layout)."""
         self.epoch = epoch
+        self.skip = np.asarray(skip, dtype=np.int64)
 
     def _cut(self, order: np.ndarray) -> list[list[int]]:
         """Indices already sorted by length -> batches by count, or by padded-token budget."""
@@ -58,15 +68,18 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
             order = rng.permutation(n)
         else:
             rng, order = None, np.arange(n)
+        if len(self.skip):
+            order = order[~np.isin(order, self.skip)]
         batches: list[list[int]] = []
-        for start in range(0, n, self.pool_size):
+        for start in range(0, len(order), self.pool_size):
             pool = order[start : start + self.pool_size]
             pool = pool[np.argsort(self.lengths[pool], kind="stable")]
             batches.extend(self._cut(pool))
-        while len(batches) % self.world_size:
+        while len(batches) % (self.world_size * self.grad_accum):
             largest = max(range(len(batches)), key=lambda i: len(batches[i]))
             if len(batches[largest]) < 2:
-                raise ValueError(f"{n} examples cannot fill {self.world_size} ranks")
+                raise ValueError(f"{len(order)} examples cannot fill {self.world_size} ranks x "
+                                 f"{self.grad_accum} micro-batches")
             batch = batches.pop(largest)
             batches[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
         if rng is not None:

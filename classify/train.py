@@ -5,6 +5,10 @@
 Writes a run folder (see ``classify.checkpoint``), resumes from it when re-run with the
 same ``--output``, stops cleanly on Ctrl-C or when ``--time-budget`` runs out, and
 finally evaluates the best checkpoint once on the test split.
+
+Runs unchanged under ``torchrun --nproc_per_node=N -m classify.train ...`` (one process
+per GPU, DistributedDataParallel; see ``classify.distributed``): rank 0 alone writes the
+run folder and logs, validation covers the whole validation set across the ranks.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+from tokenizers import Tokenizer
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .batching import BucketBatchSampler, TokenizedDataset, make_loader
 from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
 from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
@@ -64,6 +69,7 @@ class TrainConfig:
     save_every: int = 200
     num_workers: int = 0
     label_smoothing: float = 0.0
+    grad_accum: int = 1
     init_from: str | None = None
     layer_decay: float | None = None
 
@@ -77,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m classify.train",
         description="Train the from-scratch transformer sentiment classifier. Defaults are the recipe measured "
                     "best per CPU-minute on a 2-core machine (see experiments/RESULTS.md).",
+        epilog="Several GPUs or machines: torchrun --nproc_per_node=N -m classify.train ... (same flags; "
+               "--batch-size is per process, so one optimizer step sees batch-size x N x grad-accum reviews).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("data")
@@ -106,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=4, help="passes over the training data")
     g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly and evaluate")
-    g.add_argument("--batch-size", type=int, default=32, help="reviews per batch")
+    g.add_argument("--batch-size", type=int, default=32,
+                   help="reviews per batch on each process; one optimizer step trains on batch-size x "
+                        "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer steps")
     g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
+    g.add_argument("--grad-accum", type=int, default=1,
+                   help="batches each process trains on per optimizer step, their gradients averaged (a bigger "
+                        "batch in the same memory)")
     g.add_argument("--lr", type=float, default=1e-3,
                    help="peak learning rate (AdamW); with --init-from the default is 3e-4")
     g.add_argument("--warmup", type=int, default=200, help="linear warmup steps")
@@ -134,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
     g.add_argument("--no-test", action="store_true", help="skip the final evaluation on the test split")
     g.add_argument("--quiet", action="store_true", help="no progress display")
+    g.add_argument("--dist-timeout", type=float, default=10.0,
+                   help="under torchrun: minutes a process waits for the others (start-up, every "
+                        "synchronisation) before the job fails instead of hanging")
     return p
 
 
@@ -150,7 +166,7 @@ def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -
 def check_args(args: argparse.Namespace) -> None:
     positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
                 "--max-len": args.max_len, "--batch-size": args.batch_size, "--epochs": args.epochs,
-                "--vocab-size": args.vocab_size}
+                "--vocab-size": args.vocab_size, "--grad-accum": args.grad_accum}
     for flag, value in positive.items():
         if value <= 0:
             raise ClassifyError(f"{flag} must be positive, got {value}")
@@ -190,15 +206,46 @@ def prepare_output(out: Path, train: TrainConfig, model: ClassifierConfig, overw
     return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
 
 
+def reshard_epoch(state: dict[str, Any], layout: dict[str, Any], lengths: list[int], seed: int) -> None:
+    """Carry a resumed epoch over to this run's batch layout.
+
+    ``state["batch_in_epoch"]`` counts batches of the epoch's global batch list (all ranks),
+    which depends on --batch-size, --max-tokens and processes x --grad-accum (``layout``).
+    Unchanged layout: the epoch continues exactly where it stopped. Changed layout (e.g.
+    another number of GPUs): the examples of the batches already trained on join
+    ``epoch_skip``, and the epoch's remaining examples are batched anew; every example is
+    still seen once per epoch.
+    """
+    old = state["layout"]
+    if old != layout and state["batch_in_epoch"]:
+        # The global list does not depend on the rank count, only on the batches per step.
+        sampler = BucketBatchSampler(lengths, batch_size=old["batch_size"], max_tokens=old["max_tokens"],
+                                     seed=seed, grad_accum=old["batches_per_step"])
+        sampler.set_epoch(state["epoch"], state["epoch_skip"])
+        seen = [i for batch in sampler.batches()[: state["batch_in_epoch"]] for i in batch]
+        state["epoch_skip"] = sorted(state["epoch_skip"] + seen)
+        state["batch_in_epoch"] = 0
+    state["layout"] = layout
+
+
 # ------------------------------------------------------------------------- training
 @torch.inference_mode()
 def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], device, dtype,
-                 batch_size: int) -> dict[str, float]:
-    """Loss and accuracy over pre-tokenized examples."""
-    probs = predict_ids(model, ids, device, dtype, batch_size=batch_size * 2)
-    y = np.asarray(labels)
-    loss = float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, None)).mean())
-    return {"loss": loss, "accuracy": float((probs.argmax(1) == y).mean())}
+                 batch_size: int, shard: bool = False) -> dict[str, float]:
+    """Loss and accuracy over pre-tokenized examples.
+
+    ``shard``: called on every rank, each scores its share of the examples and the sums are
+    added up, so every rank gets the metrics of the whole set (not of its own share).
+    """
+    if shard:
+        ids, labels = distributed.shard(ids), distributed.shard(labels)
+    y = np.asarray(labels, dtype=np.int64)
+    probs = (predict_ids(model, ids, device, dtype, batch_size=batch_size * 2) if ids
+             else np.zeros((0, model.config.num_classes)))
+    sums = [float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, None)).sum()),
+            float((probs.argmax(1) == y).sum()), len(y)]
+    loss, correct, count = distributed.all_sum(sums) if shard else sums
+    return {"loss": loss / count, "accuracy": correct / count}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,13 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from:
         adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
     check_args(args)
-    out = Path(args.output)
-    console = Console(stderr=True, quiet=args.quiet)
-    set_seed(args.seed)
     device = resolve_device(args.device)
+    with distributed.process_group(device, args.dist_timeout):
+        return run(args, device)
+
+
+def run(args: argparse.Namespace, device: torch.device) -> int:
+    """The training run of ``main``; under torchrun every rank runs it. Returns the exit code."""
+    out = Path(args.output)
+    world = distributed.world_size()
+    console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
+    set_seed(args.seed + distributed.rank())  # other dropout masks per rank; DDP gives all rank 0's weights
     dtype = autocast_dtype(device, args.precision)
     model_config, train_config = configs_from_args(args)
-    resuming = prepare_output(out, train_config, model_config, args.overwrite)
+    resuming = distributed.on_main(lambda: prepare_output(out, train_config, model_config, args.overwrite))
 
     # ---- data: load, split, tokenize once
     t0 = time.monotonic()
@@ -222,24 +276,28 @@ def main(argv: list[str] | None = None) -> int:
         raise ClassifyError(f"the training data from {args.data} has only one class ({train_set.labels[0]})")
     train_texts = [normalize(t) for t in train_set.texts]
     val_texts = [normalize(t) for t in val_set.texts]
-    if resuming:
-        tokenizer = load_tokenizer(out / checkpoint.TOKENIZER)
-    elif args.init_from:
-        tokenizer = load_tokenizer(Path(args.init_from) / checkpoint.TOKENIZER)
-    else:
-        tokenizer = train_tokenizer(train_texts, args.vocab_size, args.tokenizer)
+
+    def make_tokenizer() -> Tokenizer:
+        if resuming:
+            return load_tokenizer(out / checkpoint.TOKENIZER)
+        if args.init_from:
+            return load_tokenizer(Path(args.init_from) / checkpoint.TOKENIZER)
+        return train_tokenizer(train_texts, args.vocab_size, args.tokenizer)
+
+    # Rank 0 makes it and sends it to the others: identical everywhere, even where they cannot see its files.
+    tokenizer = Tokenizer.from_str(distributed.on_main(lambda: make_tokenizer().to_str()))
     model_config.vocab_size = tokenizer.get_vocab_size()
     train_ids = encode(tokenizer, train_texts, args.max_len, args.truncation)
     val_ids = encode(tokenizer, val_texts, args.max_len, args.truncation)
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {args.data}, "
                 f"vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
 
-    if not resuming:
+    if not resuming and distributed.is_main():  # rank 0 alone writes the run folder
         out.mkdir(parents=True, exist_ok=True)
         save_tokenizer(tokenizer, out / checkpoint.TOKENIZER)
         checkpoint.write_config(out, KIND, model_config.to_dict(), train=asdict(train_config),
                                 labels=list(LABEL_NAMES))
-    else:  # flags that may change on resume (budget, epochs, ...) are recorded as the latest
+    elif distributed.is_main():  # flags that may change on resume (budget, epochs, ...) are recorded as the latest
         old = checkpoint.read_config(out, KIND)
         checkpoint.write_config(out, KIND, old["model"], train=asdict(train_config), labels=old["labels"])
 
@@ -252,23 +310,33 @@ def main(argv: list[str] | None = None) -> int:
     scaler = grad_scaler(device, dtype)
     dataset = TokenizedDataset(train_ids, train_set.labels)
     sampler = BucketBatchSampler(dataset.lengths, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                 seed=args.seed)
+                                 seed=args.seed, rank=distributed.rank(), world_size=world,
+                                 grad_accum=args.grad_accum)
     loader = make_loader(dataset, sampler, model_config.pad_id, args.num_workers, pin_memory(device))
-    steps_per_epoch = len(sampler)
+    steps_per_epoch = len(sampler) // args.grad_accum
     total_steps = steps_per_epoch * args.epochs
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
 
+    # batch_in_epoch counts the epoch's global batches (all ranks) in ``layout``; see reshard_epoch.
+    layout = {"batch_size": args.batch_size, "max_tokens": args.max_tokens,
+              "batches_per_step": world * args.grad_accum}
     state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val_acc": -1.0,
-                             "evals_since_best": 0, "train_seconds": 0.0, "tokens": 0}
+                             "evals_since_best": 0, "train_seconds": 0.0, "tokens": 0, "layout": layout,
+                             "epoch_skip": []}
     if resuming:
-        restored = checkpoint.load_last(out, model, optimizer)
+        # Rank 0 restores last/; the weights reach the other ranks when DDP wraps the model below.
+        restored = distributed.on_main(lambda: checkpoint.load_last(out, model, optimizer))
         if restored is not None:
+            distributed.share_optimizer_state(optimizer)
             state.update({k: restored[k] for k in state if k in restored})
-            # Evaluations logged after the saved step will be redone: drop them so the log has no duplicates.
-            kept = [r for r in checkpoint.read_jsonl(out / checkpoint.METRICS) if r["step"] <= state["step"]]
-            checkpoint.write_text(out / checkpoint.METRICS, "".join(json.dumps(r) + "\n" for r in kept))
+            reshard_epoch(state, layout, dataset.lengths, args.seed)
+            if distributed.is_main():
+                # Evaluations logged after the saved step will be redone: drop them so the log has no duplicates.
+                kept = [r for r in checkpoint.read_jsonl(out / checkpoint.METRICS) if r["step"] <= state["step"]]
+                checkpoint.write_text(out / checkpoint.METRICS, "".join(json.dumps(r) + "\n" for r in kept))
             console.log(f"resumed from {out / checkpoint.LAST} at step {state['step']} (epoch {state['epoch']})")
+    ddp_model = distributed.wrap(model, device)  # trains; ``model`` (the same weights) evaluates and saves
     n_params = sum(p.numel() for p in model.parameters())
     console.log(f"model: {n_params / 1e6:.2f}M parameters, device {device}, "
                 f"autocast {dtype if dtype else 'off (fp32)'}, {total_steps} steps")
@@ -281,25 +349,28 @@ def main(argv: list[str] | None = None) -> int:
 
     def save_last() -> None:
         state["train_seconds"] = deadline.elapsed
-        checkpoint.save_last(out, model, optimizer, state)
+        if distributed.is_main():
+            checkpoint.save_last(out, model, optimizer, state)
 
     def validate() -> bool:
         """Evaluate, log, keep the best weights. Returns True when patience ran out."""
         nonlocal run_loss, run_correct, run_seen, tokens_since, clock
-        metrics = evaluate_ids(model, val_ids, val_set.labels, device, dtype, args.batch_size)
+        metrics = evaluate_ids(model, val_ids, val_set.labels, device, dtype, args.batch_size, shard=True)
         now = time.monotonic()
         record = {"step": state["step"], "epoch": round(state["step"] / steps_per_epoch, 3),
                   "train_loss": run_loss / max(run_seen, 1), "train_accuracy": run_correct / max(run_seen, 1),
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
                   "tokens_per_s": round(tokens_since / max(now - clock, 1e-9), 1)}
-        checkpoint.append_jsonl(out / checkpoint.METRICS, record)
+        if distributed.is_main():
+            checkpoint.append_jsonl(out / checkpoint.METRICS, record)
         progress.log(f"step {record['step']}: val loss {metrics['loss']:.4f}  val acc {metrics['accuracy']:.4f}  "
                      f"train acc {record['train_accuracy']:.4f}  {record['tokens_per_s']:.0f} tok/s")
         run_loss, run_correct, run_seen, tokens_since = 0.0, 0, 0, 0
         if metrics["accuracy"] > state["best_val_acc"]:
             state["best_val_acc"], state["evals_since_best"] = metrics["accuracy"], 0
-            checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
+            if distributed.is_main():
+                checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
         else:
             state["evals_since_best"] += 1
         model.train()
@@ -307,34 +378,53 @@ def main(argv: list[str] | None = None) -> int:
         return args.patience is not None and state["evals_since_best"] >= args.patience
 
     model.train()
-    with StopSignal() as stop, TrainingProgress(total_steps, enabled=not args.quiet) as progress:
+    accum = args.grad_accum
+    step_stats = np.zeros(4)  # this rank's loss sum, correct, reviews, real tokens in the current step
+    with (StopSignal() as stop,
+          TrainingProgress(total_steps, enabled=not args.quiet and distributed.is_main()) as progress):
         progress.update(state["step"], state["epoch"], {})
-        while state["step"] < total_steps and stop_reason == "finished":
-            sampler.set_epoch(state["epoch"])
+        if distributed.all_sum([deadline.expired])[0]:
+            stop_reason = "time budget"  # resumed with the budget already spent
+        while state["step"] < total_steps and state["epoch"] < args.epochs and stop_reason == "finished":
+            sampler.set_epoch(state["epoch"], state["epoch_skip"])
+            epoch_batches = len(sampler) * world
             for i, batch in enumerate(loader):
-                if i < state["batch_in_epoch"]:
+                if i < state["batch_in_epoch"] // world:
                     continue  # resuming mid-epoch: the sampler replays this epoch's order
-                if stop.requested:
-                    stop_reason = "interrupted"
-                elif deadline.expired:
-                    stop_reason = "time budget"
-                if stop_reason != "finished":
-                    break
+                last = (i + 1) % accum == 0  # the step's last micro-batch: gradients are all-reduced, then step
                 batch = to_device(batch, device)
                 set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, total_steps, args.schedule))
-                with autocast(device, dtype):
-                    logits = model(batch["tokens"])
-                    loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
-                optimizer_step(loss, model, optimizer, scaler, args.clip)
+                with distributed.micro_batch(ddp_model, last):
+                    with autocast(device, dtype):
+                        logits = ddp_model(batch["tokens"])
+                        loss = F.cross_entropy(logits.float(), batch["labels"], label_smoothing=args.label_smoothing)
+                    # Mean over micro-batches here, DDP's mean over ranks: a step's gradient is that of the mean
+                    # loss of its ranks x accum batches, as if one process had trained on them all.
+                    if last:
+                        optimizer_step(loss / accum, model, optimizer, scaler, args.clip)
+                    else:
+                        scaler.scale(loss / accum).backward()
                 n = len(batch["labels"])
-                run_loss += float(loss.detach()) * n
-                run_correct += int((logits.argmax(-1) == batch["labels"]).sum())
-                run_seen += n
-                real_tokens = int((batch["tokens"] != model_config.pad_id).sum())
-                tokens_since += real_tokens
-                state["tokens"] += real_tokens
+                step_stats += (float(loss.detach()) * n, int((logits.argmax(-1) == batch["labels"]).sum()), n,
+                               int((batch["tokens"] != model_config.pad_id).sum()))
+                if not last:
+                    continue
+                # One small all-reduce per step: every rank gets the step's totals and learns whether any
+                # rank was told to stop (Ctrl-C, SIGTERM, time budget), so all stop after the same step.
+                loss_sum, correct, seen, tokens, interrupted, expired = distributed.all_sum(
+                    [*step_stats, stop.requested, deadline.expired])
+                step_stats[:] = 0
+                run_loss += loss_sum
+                run_correct += int(correct)
+                run_seen += int(seen)
+                tokens_since += int(tokens)
+                state["tokens"] += int(tokens)
                 state["step"] += 1
-                state["batch_in_epoch"] = i + 1
+                state["batch_in_epoch"] = (i + 1) * world
+                if interrupted:
+                    stop_reason = "interrupted"
+                elif expired:
+                    stop_reason = "time budget"
                 progress.update(state["step"], state["epoch"] + 1, {
                     "loss": run_loss / run_seen, "acc": run_correct / run_seen,
                     "lr": optimizer.param_groups[0]["lr"],
@@ -342,14 +432,16 @@ def main(argv: list[str] | None = None) -> int:
                 if state["step"] % eval_every == 0 or state["step"] == total_steps:
                     if validate():
                         stop_reason = "early stopping"
-                if state["step"] % args.save_every == 0 or stop_reason != "finished":
+                if state["step"] % args.save_every == 0:
                     save_last()
                 if state["step"] >= total_steps or stop_reason != "finished":
                     break
-            if state["batch_in_epoch"] >= steps_per_epoch:
+            if state["batch_in_epoch"] >= epoch_batches:
                 state["epoch"] += 1
                 state["batch_in_epoch"] = 0
-        if stop_reason in ("time budget", "finished") and (run_seen or not (out / checkpoint.WEIGHTS).exists()):
+                state["epoch_skip"] = []
+        # (best_val_acc < 0: no validation yet, so no weights; the same answer on every rank, unlike a file check)
+        if stop_reason in ("time budget", "finished") and (run_seen or state["best_val_acc"] < 0):
             validate()  # the final partial interval counts too (and a run always leaves weights)
         save_last()
 
@@ -357,8 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[yellow]interrupted at step {state['step']}; state saved in {out / checkpoint.LAST}. "
                       f"Re-run the same command to resume.[/]")
         return 130
+    if not distributed.is_main():
+        return 0
 
-    # ---- one evaluation of the best weights on the test split
+    # ---- one evaluation of the best weights on the test split (rank 0's model, no other rank involved)
     test_metrics = None if args.no_test else evaluate_test(out, args, model, tokenizer, device, dtype, console)
     print_summary(console, out, state, stop_reason, test_metrics, deadline.elapsed)
     return 0
