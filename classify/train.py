@@ -38,7 +38,7 @@ from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, predict_ids
 from .models import Classifier, ClassifierConfig
 from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, build_optimizer, lr_multiplier,
+from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, set_lr, set_seed)
 
 
@@ -47,7 +47,7 @@ class TrainConfig:
     """Everything that defines a training run except the model sizes (stored in config.json)."""
 
     data: str
-    epochs: int = 4
+    epochs: int = 3
     max_steps: int | None = None
     time_budget: float | None = None
     batch_size: int = 32
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-padding-mask", action="store_true",
                    help="let attention and pooling see padding (reproduces Bloem's code; for ablations)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=4, help="passes over the training data")
+    g.add_argument("--epochs", type=int, default=3, help="passes over the training data")
     g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly and evaluate")
     g.add_argument("--batch-size", type=int, default=32,
@@ -391,9 +391,13 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
             for i, batch in enumerate(loader):
                 if i < state["batch_in_epoch"] // world:
                     continue  # resuming mid-epoch: the sampler replays this epoch's order
+                if i % accum == 0:  # a step's first micro-batch
+                    factor = budgeted_lr_multiplier(state["step"], args.warmup, total_steps, args.schedule, deadline)
+                    if deadline.seconds is not None:  # time enters the schedule: all ranks go by rank 0's clock
+                        factor = distributed.from_main(factor)
+                    set_lr(optimizer, args.lr * factor)
                 last = (i + 1) % accum == 0  # the step's last micro-batch: gradients are all-reduced, then step
                 batch = to_device(batch, device)
-                set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, total_steps, args.schedule))
                 with distributed.micro_batch(ddp_model, last):
                     with autocast(device, dtype):
                         logits = ddp_model(batch["tokens"])

@@ -73,6 +73,17 @@ def lr_multiplier(step: int, warmup: int, total: int, schedule: str = "cosine", 
     return min_ratio + (1.0 - min_ratio) * shape
 
 
+def budgeted_lr_multiplier(step: int, warmup: int, total: int, schedule: str, deadline: "Deadline") -> float:
+    """``lr_multiplier``, except that under a time budget the decay after warmup advances with
+    whichever runs out first, steps or time: a budgeted run ends with a decayed learning rate
+    however fast the (shared) machine happens to be. The price: time enters the schedule, so such
+    runs are not bit-reproducible across a resume."""
+    if deadline.seconds and step >= warmup:
+        by_time = warmup + deadline.elapsed / deadline.seconds * (total - warmup)
+        step = max(step, min(int(by_time), total))
+    return lr_multiplier(step, warmup, total, schedule)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
