@@ -93,9 +93,9 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(self.batches()) // self.world_size
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
-    """Right-pad id lists to the longest one. -> LongTensor (B, T_max)"""
-    longest = max(1, max(len(s) for s in sequences))
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None) -> torch.Tensor:
+    """Right-pad id lists to the longest one (or to a fixed ``length``). -> LongTensor (B, T)"""
+    longest = length or max(1, max(len(s) for s in sequences))
     out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
@@ -123,19 +123,21 @@ class Collate:
     """(ids, label) pairs -> {"tokens": (B, T) padded, "labels": (B,)}. A class, not a lambda, so
     DataLoader workers can pickle it."""
 
-    def __init__(self, pad_id: int = 0):
+    def __init__(self, pad_id: int = 0, pad_to: int | None = None):
         self.pad_id = pad_id
+        self.pad_to = pad_to
 
     def __call__(self, items: list[tuple[list[int], int]]) -> dict[str, torch.Tensor]:
         ids, labels = zip(*items)
-        return {"tokens": pad_batch(ids, self.pad_id), "labels": torch.tensor(labels, dtype=torch.long)}
+        return {"tokens": pad_batch(ids, self.pad_id, self.pad_to), "labels": torch.tensor(labels, dtype=torch.long)}
 
 
 def make_loader(dataset: TokenizedDataset, sampler: BucketBatchSampler, pad_id: int, num_workers: int = 0,
-                pin_memory: bool = False) -> torch.utils.data.DataLoader:
+                pin_memory: bool = False, pad_to: int | None = None) -> torch.utils.data.DataLoader:
+    """``pad_to``: pad every batch to this fixed length (the naive pipeline, for comparisons)."""
     # A private generator: creating an iterator otherwise draws from the global torch RNG, which would
     # make dropout after a mid-epoch resume differ from the uninterrupted run.
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(pad_id),
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(pad_id, pad_to),
                                        num_workers=num_workers, pin_memory=pin_memory,
                                        persistent_workers=num_workers > 0,
                                        generator=torch.Generator().manual_seed(sampler.seed))

@@ -70,11 +70,12 @@ class TrainConfig:
     num_workers: int = 0
     label_smoothing: float = 0.0
     grad_accum: int = 1
+    batching: str = "bucket"
     init_from: str | None = None
     layer_decay: float | None = None
 
     # Fields that must match to continue a run in the same folder (the rest may change on resume).
-    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed", "init_from",
+    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed", "batching", "init_from",
                 "layer_decay")
 
 
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=32,
                    help="reviews per batch on each process; one optimizer step trains on batch-size x "
                         "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer steps")
+    g.add_argument("--batching", choices=("bucket", "fixed"), default="bucket",
+                   help="bucket: length-bucketed batches padded to their longest review; fixed: random batches "
+                        "padded to --max-len (the naive pipeline, for comparisons only)")
     g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
     g.add_argument("--grad-accum", type=int, default=1,
                    help="batches each process trains on per optimizer step, their gradients averaged (a bigger "
@@ -206,7 +210,13 @@ def prepare_output(out: Path, train: TrainConfig, model: ClassifierConfig, overw
     return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
 
 
-def reshard_epoch(state: dict[str, Any], layout: dict[str, Any], lengths: list[int], seed: int) -> None:
+def pool_batches(batching: str) -> int:
+    """Batches per length-sorted pool: 1 sorts nothing that matters, i.e. plain random batches."""
+    return 1 if batching == "fixed" else 50
+
+
+def reshard_epoch(state: dict[str, Any], layout: dict[str, Any], lengths: list[int], seed: int,
+                  batching: str) -> None:
     """Carry a resumed epoch over to this run's batch layout.
 
     ``state["batch_in_epoch"]`` counts batches of the epoch's global batch list (all ranks),
@@ -220,7 +230,8 @@ def reshard_epoch(state: dict[str, Any], layout: dict[str, Any], lengths: list[i
     if old != layout and state["batch_in_epoch"]:
         # The global list does not depend on the rank count, only on the batches per step.
         sampler = BucketBatchSampler(lengths, batch_size=old["batch_size"], max_tokens=old["max_tokens"],
-                                     seed=seed, grad_accum=old["batches_per_step"])
+                                     seed=seed, grad_accum=old["batches_per_step"],
+                                     pool_batches=pool_batches(batching))
         sampler.set_epoch(state["epoch"], state["epoch_skip"])
         seen = [i for batch in sampler.batches()[: state["batch_in_epoch"]] for i in batch]
         state["epoch_skip"] = sorted(state["epoch_skip"] + seen)
@@ -311,8 +322,9 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
     dataset = TokenizedDataset(train_ids, train_set.labels)
     sampler = BucketBatchSampler(dataset.lengths, batch_size=args.batch_size, max_tokens=args.max_tokens,
                                  seed=args.seed, rank=distributed.rank(), world_size=world,
-                                 grad_accum=args.grad_accum)
-    loader = make_loader(dataset, sampler, model_config.pad_id, args.num_workers, pin_memory(device))
+                                 grad_accum=args.grad_accum, pool_batches=pool_batches(args.batching))
+    loader = make_loader(dataset, sampler, model_config.pad_id, args.num_workers, pin_memory(device),
+                         pad_to=args.max_len if args.batching == "fixed" else None)
     steps_per_epoch = len(sampler) // args.grad_accum
     total_steps = steps_per_epoch * args.epochs
     if args.max_steps:
@@ -330,7 +342,7 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
         if restored is not None:
             distributed.share_optimizer_state(optimizer)
             state.update({k: restored[k] for k in state if k in restored})
-            reshard_epoch(state, layout, dataset.lengths, args.seed)
+            reshard_epoch(state, layout, dataset.lengths, args.seed, args.batching)
             if distributed.is_main():
                 # Evaluations logged after the saved step will be redone: drop them so the log has no duplicates.
                 kept = [r for r in checkpoint.read_jsonl(out / checkpoint.METRICS) if r["step"] <= state["step"]]

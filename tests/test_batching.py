@@ -52,3 +52,7 @@ def test_distributed_shards_cover_once_with_equal_steps(world_size):
 def test_pad_batch():
     out = pad_batch([[5, 6, 7], [8]], pad_id=0)
     assert out.tolist() == [[5, 6, 7], [8, 0, 0]]
+
+
+def test_pad_batch_to_fixed_length():
+    assert pad_batch([[5, 6], [7]], pad_id=0, length=4).tolist() == [[5, 6, 0, 0], [7, 0, 0, 0]]
