@@ -45,7 +45,7 @@ from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, resolve_d
 from .errors import ClassifyError, run_cli
 from .models import Transformer, TransformerConfig
 from .tokenize import CLS, PAD, SEP, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, build_optimizer, lr_multiplier,
+from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, set_lr, set_seed)
 
 KIND = "seq2seq"
@@ -317,6 +317,15 @@ class Seq2SeqTrainConfig:
     IDENTITY = ("data", "src_lang", "tgt_lang", "vocab_size", "seed")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows defaults, except the uninformative None and False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def runtime(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]:
     """Apply --threads; resolve --device and --precision (one-line errors if this machine can't)."""
     if args.threads is not None:
@@ -340,7 +349,7 @@ def add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a translation model",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Train the encoder-decoder transformer on a folder of line-aligned "
                                    "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes.")
     g = p.add_argument_group("data")
@@ -366,7 +375,7 @@ def add_train_parser(sub) -> None:
     g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     g.add_argument("--time-budget", type=float,
                    help="minutes of training (validation included); then stop cleanly. cosine/linear decay "
-                        "then ends at the budget if it comes before --epochs, judged from the pace so far")
+                        "advances with steps or time, whichever is further along, so it ends decayed")
     g.add_argument("--max-tokens", type=int, default=2048,
                    help="token budget per batch (padded length of the longer side x sentences)")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
@@ -453,14 +462,14 @@ def encode_training_pairs(tokenizer: Tokenizer, pairs: Parallel,
     return [src_all[i] for i in kept], [tgt_all[i] for i in kept], len(pairs) - len(kept)
 
 
-def planned_steps(step: int, total_steps: int, deadline: Deadline) -> int:
-    """Where the run will end: ``total_steps``, or sooner when the time budget runs out first
-    (extrapolated from the pace so far, validation included). Cosine/linear decay aims here, so a
-    budget-limited run still anneals instead of stopping at a high learning rate."""
-    if deadline.seconds is None or step == 0:
-        return total_steps
-    seconds_per_step = deadline.elapsed / step
-    return min(total_steps, max(step + 1, int(deadline.seconds / seconds_per_step)))
+def epoch_sizes(sampler: BucketBatchSampler, epochs: int) -> list[int]:
+    """Batches in each epoch. Under a token budget the count shifts a little with each epoch's
+    shuffle, so an epoch ends when its own batch list does, and the run lasts their sum."""
+    sizes = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        sizes.append(len(sampler.batches()))
+    return sizes
 
 
 def train(args: argparse.Namespace) -> int:
@@ -503,8 +512,8 @@ def train(args: argparse.Namespace) -> int:
     optimizer = build_optimizer(model, args.lr, args.weight_decay)
     scaler = grad_scaler(device, dtype)
     sampler = BucketBatchSampler(pair_lengths(src_ids, tgt_ids), max_tokens=args.max_tokens, seed=args.seed)
-    steps_per_epoch = len(sampler)
-    total_steps = steps_per_epoch * args.epochs
+    sizes = epoch_sizes(sampler, args.epochs)
+    total_steps = sum(sizes)
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
 
@@ -517,7 +526,7 @@ def train(args: argparse.Namespace) -> int:
             console.log(f"resumed from {out / checkpoint.LAST} at step {state['step']} (epoch {state['epoch']})")
     n_params = sum(p.numel() for p in model.parameters())
     console.log(f"model: {n_params / 1e6:.2f}M parameters, device {device}, threads {torch.get_num_threads()}, "
-                f"autocast {dtype if dtype else 'off (fp32)'}, {steps_per_epoch} steps/epoch, {total_steps} steps")
+                f"autocast {dtype if dtype else 'off (fp32)'}, {sizes[0]} steps/epoch, {total_steps} steps")
 
     deadline = Deadline(args.time_budget, already_used_s=state["train_seconds"])
     run_loss, run_tokens = 0.0, 0
@@ -534,7 +543,8 @@ def train(args: argparse.Namespace) -> int:
         now = time.monotonic()
         tokens_per_s = tokens_since / max(now - clock, 1e-9)
         loss = corpus_loss(model, val_src, val_tgt, bos_id, device, dtype, args.max_tokens)
-        record = {"step": state["step"], "epoch": round(state["step"] / steps_per_epoch, 3),
+        epoch = state["epoch"] + state["batch_in_epoch"] / sizes[state["epoch"]]
+        record = {"step": state["step"], "epoch": round(epoch, 3),
                   "train_loss": run_loss / max(run_tokens, 1), "val_loss": loss["loss"],
                   "val_perplexity": loss["perplexity"]}
         if args.best_by == "bleu":
@@ -561,7 +571,7 @@ def train(args: argparse.Namespace) -> int:
     model.train()
     with StopSignal() as stop, TrainingProgress(total_steps, enabled=not args.quiet) as progress:
         progress.update(state["step"], state["epoch"], {})
-        while state["step"] < total_steps and stop_reason == "finished":
+        while state["step"] < total_steps and state["epoch"] < args.epochs and stop_reason == "finished":
             sampler.set_epoch(state["epoch"])
             batches = sampler.batches()
             # Resuming mid-epoch: the sampler replays this epoch's order; skip what was done.
@@ -575,8 +585,8 @@ def train(args: argparse.Namespace) -> int:
                 indices = batches[i]
                 batch = to_device(make_batch([src_ids[j] for j in indices], [tgt_ids[j] for j in indices],
                                              pad_id, bos_id), device)
-                horizon = planned_steps(state["step"], total_steps, deadline)
-                set_lr(optimizer, args.lr * lr_multiplier(state["step"], args.warmup, horizon, args.schedule))
+                factor = budgeted_lr_multiplier(state["step"], args.warmup, total_steps, args.schedule, deadline)
+                set_lr(optimizer, args.lr * factor)
                 with autocast(device, dtype):
                     loss_sum, n_tokens = summed_loss(model, batch, args.label_smoothing)
                 optimizer_step(loss_sum / n_tokens, model, optimizer, scaler, args.clip)
@@ -590,14 +600,14 @@ def train(args: argparse.Namespace) -> int:
                 progress.update(state["step"], state["epoch"] + 1, {
                     "loss": run_loss / run_tokens, "lr": optimizer.param_groups[0]["lr"],
                     "tok/s": tokens_since / max(time.monotonic() - clock, 1e-9)})
-                if state["batch_in_epoch"] == steps_per_epoch or state["step"] == total_steps:
+                if state["batch_in_epoch"] == len(batches) or state["step"] == total_steps:
                     if validate():
                         stop_reason = "early stopping"
                 if state["step"] % args.save_every == 0 or stop_reason != "finished":
                     save_last()
                 if state["step"] >= total_steps or stop_reason != "finished":
                     break
-            if state["batch_in_epoch"] >= steps_per_epoch:
+            if state["batch_in_epoch"] >= len(batches):
                 state["epoch"] += 1
                 state["batch_in_epoch"] = 0
         if stop_reason in ("time budget", "finished") and run_tokens:
@@ -651,7 +661,7 @@ def print_summary(console: Console, out: Path, state: dict, reason: str, test: d
 # ------------------------------------------------------------------------ translate
 def add_translate_parser(sub) -> None:
     p = sub.add_parser("translate", help="translate sentences with a trained run",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Translate sentences given as arguments, one per line from --file, "
                                    "or from stdin ('-'). Prints one translation per line.")
     p.add_argument("--model", required=True, help="run folder written by 'train'")
@@ -699,7 +709,7 @@ def translate(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------- evaluate
 def add_evaluate_parser(sub) -> None:
     p = sub.add_parser("evaluate", help="BLEU, chrF and perplexity of a trained run on a split",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Translate a split, score it with sacreBLEU (cased, detokenized, and "
                                    "lower-cased), chrF and teacher-forced loss/perplexity; print samples and "
                                    "write a JSON report.")
