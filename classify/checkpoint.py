@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -214,6 +215,34 @@ def read_config(run: str | Path, kind: str) -> dict[str, Any]:
     if config.get("kind") != kind:
         raise ClassifyError(f"{run} holds a {config.get('kind')!r} run, not a {kind!r} run")
     return config
+
+
+def prepare_run_folder(out: str | Path, kind: str, train: dict[str, Any], identity: tuple[str, ...],
+                       model: dict[str, Any], overwrite: bool,
+                       sized_by_tokenizer: tuple[str, ...] = ("vocab_size",)) -> bool:
+    """Decide between a fresh run and continuing the one in ``out``. Returns True when resuming.
+
+    A folder holding another kind of run, or a run whose ``identity`` training fields or model
+    sizes differ, is refused unless ``overwrite`` (which deletes it). Sizes set by the tokenizer
+    (``sized_by_tokenizer``) are known only after training it and are not compared.
+    """
+    out = Path(out)
+    if not (out / CONFIG).exists():
+        if out.exists() and any(out.iterdir()) and not overwrite:
+            raise ClassifyError(f"{out} exists and is not a classify run folder; choose another --output "
+                                f"or pass --overwrite")
+        return False
+    if overwrite:
+        shutil.rmtree(out)
+        return False
+    old = read_config(out, kind)
+    old_train, old_model = old.get("train", {}), old.get("model", {})
+    diffs = [k for k in identity if old_train.get(k) != train.get(k)]
+    diffs += [k for k in model if k not in sized_by_tokenizer and old_model.get(k) != model[k]]
+    if diffs:
+        raise ClassifyError(f"{out} holds a different run (differs in: {', '.join(diffs)}); "
+                            f"choose another --output or pass --overwrite")
+    return (out / LAST / "state.json").exists() or (out / WEIGHTS).exists()
 
 
 def save_last(run: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -189,25 +188,7 @@ def check_args(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------- run folder
 def prepare_output(out: Path, train: TrainConfig, model: ClassifierConfig, overwrite: bool) -> bool:
     """Decide between a fresh run and a resume. Returns True when resuming."""
-    if not (out / checkpoint.CONFIG).exists():
-        if out.exists() and any(out.iterdir()) and not overwrite:
-            raise ClassifyError(f"{out} exists and is not a classify run folder; choose another --output "
-                                f"or pass --overwrite")
-        return False
-    if overwrite:
-        shutil.rmtree(out)
-        return False
-    old = checkpoint.read_config(out, KIND)
-    old_train, old_model = old.get("train", {}), dict(old.get("model", {}))
-    old_model.pop("vocab_size", None)
-    new_model = model.to_dict()
-    new_model.pop("vocab_size")
-    diffs = [k for k in TrainConfig.IDENTITY if old_train.get(k) != getattr(train, k)]
-    diffs += [k for k in new_model if old_model.get(k) != new_model[k]]
-    if diffs:
-        raise ClassifyError(f"{out} holds a different run (differs in: {', '.join(diffs)}); "
-                            f"choose another --output or pass --overwrite")
-    return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
+    return checkpoint.prepare_run_folder(out, KIND, asdict(train), TrainConfig.IDENTITY, model.to_dict(), overwrite)
 
 
 def pool_batches(batching: str) -> int:
