@@ -76,18 +76,23 @@ def run_variant(name: str, flags: list[str], args: argparse.Namespace) -> dict:
                "--max-steps", str(args.steps), "--eval-every", str(args.eval_every), "--max-len", str(args.max_len),
                "--batch-size", "32", "--val-size", str(args.val_size), "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed),
                "--no-test", "--quiet", *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    start = time.monotonic()
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = out / "metrics.jsonl"
+    finished = metrics.exists() and json.loads(metrics.read_text().splitlines()[-1])["step"] == args.steps
+    wall = None
+    if not (args.reuse and finished):
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        start = time.monotonic()
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        wall = round(time.monotonic() - start, 1)
+        if result.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
     best = max(records, key=lambda r: r["val_accuracy"])
     train_seconds = records[-1]["elapsed_s"]
     return {"name": name, "flags": flags, "best_val_accuracy": best["val_accuracy"], "best_step": best["step"],
             "final_val_accuracy": records[-1]["val_accuracy"], "train_seconds": train_seconds,
-            "wall_seconds": round(wall, 1), "curve": [(r["step"], r["val_accuracy"]) for r in records],
+            "tokens_per_s": round(sorted(r["tokens_per_s"] for r in records)[len(records) // 2]),
+            "wall_seconds": wall, "curve": [(r["step"], r["val_accuracy"]) for r in records],
             "command": " ".join(command[1:])}
 
 
@@ -104,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per training run")
     p.add_argument("--runs", default="experiments/runs/ablations", help="where the run folders go (git-ignored)")
     p.add_argument("--only", nargs="*", help="run only these variants")
+    p.add_argument("--reuse", action="store_true",
+                   help="take variants whose run folder already finished --steps from that folder (lets the "
+                        "chain run in pieces, e.g. in parallel with --only, then be tabulated at once)")
     args = p.parse_args(argv)
 
     chosen = [v for v in variants() if not args.only or v[0] in args.only]
@@ -123,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "ablations.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"Command: `{meta['command']}` ({meta['date']}, {meta['threads']} thread(s), "
              f"{args.steps} steps x 32 reviews, max length {args.max_len}, lr {args.lr})", "",
-             "| variant | change | best val acc | training s |", "|---|---|---|---|"]
-    lines += [f"| {r['name']} | {r['change']} | {r['best_val_accuracy']:.4f} | {r['train_seconds']:.0f} |" for r in rows]
+             "| variant | change | best val acc | training s (incl. validation) | real tokens/s |", "|---|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['change']} | {r['best_val_accuracy']:.4f} | {r['train_seconds']:.0f} | {r['tokens_per_s']} |" for r in rows]
     (RESULTS / "ablations.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
