@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -38,7 +37,7 @@ from .errors import ClassifyError, run_cli
 from .mlm import Masker, MaskedLM, mlm_loss
 from .models import ClassifierConfig
 from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, build_optimizer, lr_multiplier,
+from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, set_lr, set_seed)
 
 KIND = "pretrain"
@@ -212,41 +211,7 @@ def encode_compact(tokenizer, texts: list[str], max_len: int, truncation: str,
     return [ids if len(ids) else np.zeros(1, dtype=np.int32) for ids in out]  # an empty review: one pad
 
 
-# ------------------------------------------------------------------------ run folder
-def prepare_output(out: Path, train: PretrainConfig, model: ClassifierConfig, overwrite: bool) -> bool:
-    """Decide between a fresh run and a resume. Returns True when resuming."""
-    if not (out / checkpoint.CONFIG).exists():
-        if out.exists() and any(out.iterdir()) and not overwrite:
-            raise ClassifyError(f"{out} exists and is not a classify run folder; choose another --output "
-                                f"or pass --overwrite")
-        return False
-    if overwrite:
-        shutil.rmtree(out)
-        return False
-    old = checkpoint.read_config(out, KIND)
-    old_train, old_model = old.get("train", {}), dict(old.get("model", {}))
-    new_model = model.to_dict()
-    for config in (old_model, new_model):
-        config.pop("vocab_size", None)  # the tokenizer's actual size, known only after training it
-    diffs = [k for k in PretrainConfig.IDENTITY if old_train.get(k) != getattr(train, k)]
-    diffs += [k for k in new_model if old_model.get(k) != new_model[k]]
-    if diffs:
-        raise ClassifyError(f"{out} holds a different run (differs in: {', '.join(diffs)}); "
-                            f"choose another --output or pass --overwrite")
-    return (out / checkpoint.LAST / "state.json").exists()
-
-
 # -------------------------------------------------------------------------- training
-def lr_factor(step: int, warmup: int, total_steps: int, schedule: str, deadline: Deadline) -> float:
-    """``lr_multiplier``, except that under a time budget the decay after warmup advances with
-    whichever runs out first, steps or time: a budgeted run ends with a decayed learning rate
-    however fast the (shared) machine happens to be."""
-    if deadline.seconds and step >= warmup:
-        by_time = warmup + deadline.elapsed / deadline.seconds * (total_steps - warmup)
-        step = max(step, min(int(by_time), total_steps))
-    return lr_multiplier(step, warmup, total_steps, schedule)
-
-
 @torch.inference_mode()
 def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, device: torch.device,
                  dtype: torch.dtype | None, seed: int) -> dict[str, float]:
@@ -277,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     dtype = autocast_dtype(device, args.precision)
     model_config, train_config = configs_from_args(args)
-    resuming = prepare_output(out, train_config, model_config, args.overwrite)
+    resuming = checkpoint.prepare_run_folder(out, KIND, asdict(train_config), PretrainConfig.IDENTITY,
+                                             model_config.to_dict(), args.overwrite)
 
     # ---- data: load, tokenize once (int32 arrays)
     t0 = time.monotonic()
@@ -347,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                   "train_accuracy": run_correct / run_targets if run_targets else None,
                   "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
                   "lr": optimizer.param_groups[0]["lr"] if state["step"] else None,  # of the last step taken
-                  "elapsed_s": round(deadline.elapsed, 1), "tokens": state["tokens"], "tokens_per_s": round(tokens_since / max(now - clock, 1e-9), 1)}
+                  "elapsed_s": round(deadline.elapsed, 1), "tokens": state["tokens"],
+                  "tokens_per_s": round(tokens_since / max(now - clock, 1e-9), 1)}
         checkpoint.append_jsonl(out / checkpoint.METRICS, record)
         train_part = f"train MLM loss {record['train_loss']:.4f}  " if run_targets else ""
         progress.log(f"step {record['step']}: val MLM loss {metrics['loss']:.4f}  masked acc "
@@ -376,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 tokens = pad_batch([train_ids[j] for j in indices], pad_id)
                 inputs, targets = masker(tokens)  # fresh masks every batch (dynamic masking)
                 inputs, targets = to_device(inputs, device), to_device(targets, device)
-                set_lr(optimizer, args.lr * lr_factor(state["step"], args.warmup, total_steps, args.schedule,
-                                                      deadline))
+                set_lr(optimizer, args.lr * budgeted_lr_multiplier(state["step"], args.warmup, total_steps,
+                                                                   args.schedule, deadline))
                 with autocast(device, dtype):
                     logits, labels = model(inputs, targets)
                     loss = mlm_loss(logits, labels)
