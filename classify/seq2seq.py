@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -431,24 +430,8 @@ def configs_from_args(args: argparse.Namespace, vocab_size: int) -> tuple[Transf
 
 def prepare_output(out: Path, train: Seq2SeqTrainConfig, model: TransformerConfig, overwrite: bool) -> bool:
     """Decide between a fresh run and a resume. Returns True when resuming."""
-    if not (out / checkpoint.CONFIG).exists():
-        if out.exists() and any(out.iterdir()) and not overwrite:
-            raise ClassifyError(f"{out} exists and is not a classify run folder; choose another --output "
-                                f"or pass --overwrite")
-        return False
-    if overwrite:
-        shutil.rmtree(out)
-        return False
-    old = checkpoint.read_config(out, KIND)
-    old_train, old_model = old.get("train", {}), old.get("model", {})
-    new_model = model.to_dict()
-    sized_by_tokenizer = ("src_vocab_size", "tgt_vocab_size")
-    diffs = [k for k in Seq2SeqTrainConfig.IDENTITY if old_train.get(k) != getattr(train, k)]
-    diffs += [k for k in new_model if k not in sized_by_tokenizer and old_model.get(k) != new_model[k]]
-    if diffs:
-        raise ClassifyError(f"{out} holds a different run (differs in: {', '.join(diffs)}); "
-                            f"choose another --output or pass --overwrite")
-    return (out / checkpoint.LAST / "state.json").exists() or (out / checkpoint.WEIGHTS).exists()
+    return checkpoint.prepare_run_folder(out, KIND, asdict(train), Seq2SeqTrainConfig.IDENTITY, model.to_dict(),
+                                         overwrite, sized_by_tokenizer=("src_vocab_size", "tgt_vocab_size"))
 
 
 def encode_training_pairs(tokenizer: Tokenizer, pairs: Parallel,
