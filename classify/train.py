@@ -197,7 +197,7 @@ def pool_batches(batching: str) -> int:
 
 
 def reshard_epoch(state: dict[str, Any], layout: dict[str, Any], lengths: list[int], seed: int,
-                  batching: str) -> None:
+                  batching: str = "bucket") -> None:
     """Carry a resumed epoch over to this run's batch layout.
 
     ``state["batch_in_epoch"]`` counts batches of the epoch's global batch list (all ranks),
