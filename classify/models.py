@@ -66,6 +66,7 @@ class ClassifierConfig(_Config):
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
+    attention_dropout: float | None = None  # on the attention weights; None = dropout
 
     def validate(self) -> None:
         super().validate()
@@ -90,7 +91,8 @@ class Classifier(nn.Module):
         self.config = config
         c = config
         self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
-        self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first)
+        self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first,
+                               c.attention_dropout)
         self.head = nn.Linear(c.d_model, c.num_classes)
         _init_weights(self)
 
@@ -134,6 +136,7 @@ class TransformerConfig(_Config):
     activation: str = "relu"
     norm_first: bool = True
     tie_embeddings: bool = False   # share the target embedding with the output projection
+    attention_dropout: float | None = None  # on the attention weights; None = dropout
 
 
 class Transformer(nn.Module):
@@ -154,7 +157,7 @@ class Transformer(nn.Module):
         c = config
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
-        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first)
+        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.attention_dropout)
         self.encoder = Encoder(c.num_encoder_layers, *layer_args)
         self.decoder = Decoder(c.num_decoder_layers, *layer_args)
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)

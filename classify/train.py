@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
     g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
     g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    g.add_argument("--attention-dropout", type=float,
+                   help="dropout on attention weights (default: --dropout); 0 trains 1.4-1.75x faster on CPU, "
+                        "where SDPA with dropout cannot use its fused kernel")
     g.add_argument("--pooling", choices=("mean", "max", "first"), default="mean", help="how token vectors become one")
     g.add_argument("--positional", choices=("learned", "sinusoidal"), default="learned", help="position encoding")
     g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks (Bloem / original) instead of pre-LN")
@@ -162,7 +165,7 @@ def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -
         vocab_size=vocab_size or args.vocab_size, num_classes=2, d_model=args.d_model, num_heads=args.heads,
         num_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout,
         pooling=args.pooling, positional=args.positional, norm_first=not args.post_ln,
-        mask_padding=not args.no_padding_mask)
+        mask_padding=not args.no_padding_mask, attention_dropout=args.attention_dropout)
     return model, train
 
 

@@ -176,3 +176,14 @@ def test_transformer_learns_copy_task():
 def test_tied_embeddings_share_storage():
     model = tiny_transformer(tie_embeddings=True)
     assert model.generator.weight.data_ptr() == model.tgt_embed.tokens.weight.data_ptr()
+
+
+def test_attention_dropout_is_separate_from_dropout():
+    model = Classifier(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.1,
+                       attention_dropout=0.0)
+    block = model.encoder.layers[0]
+    assert block.self_attn.dropout == 0.0 and block.feed_forward.dropout.p == 0.1
+    assert Classifier(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                      dropout=0.2).encoder.layers[0].self_attn.dropout == 0.2
+    seq = tiny_transformer(dropout=0.1, attention_dropout=0.05)
+    assert seq.decoder.layers[0].cross_attn.dropout == 0.05
