@@ -125,22 +125,30 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def load_model_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Load safetensors weights into ``model``, with a clear error when they do not fit."""
-    tensors = load_tensors(path)
+def load_model_weights(model: torch.nn.Module, path: str | Path, only: tuple[str, ...] | None = None,
+                       what: str = "weights") -> int:
+    """Load safetensors weights into ``model``, with a clear error when they do not fit.
+
+    ``only``: load just the parameters whose names start with these prefixes (e.g. a pretrained
+    encoder into a classifier with a fresh head). Returns the number of tensors loaded.
+    """
+    tensors = load_tensors(path, what)
     model = getattr(model, "module", model)
     expected = model.state_dict()
-    tied = {k for k in expected if k not in tensors}
-    missing = sorted(tied - _tied_names(model))
+    if only is not None:
+        tensors = {k: v for k, v in tensors.items() if k.startswith(only)}
+        expected = {k: v for k, v in expected.items() if k.startswith(only)}
+    missing = sorted(set(expected) - set(tensors) - _tied_names(model))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise ClassifyError(f"weights in {path} do not match the model in config.json "
+        raise ClassifyError(f"{what} in {path} do not match the model "
                             f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
     for name, tensor in tensors.items():
         if tensor.shape != expected[name].shape:
-            raise ClassifyError(f"weights in {path} do not match config.json: {name} has shape "
+            raise ClassifyError(f"{what} in {path} do not match the model: {name} has shape "
                                 f"{tuple(tensor.shape)}, the model expects {tuple(expected[name].shape)}")
     model.load_state_dict(tensors, strict=False)
+    return len(tensors)
 
 
 def _tied_names(model: torch.nn.Module) -> set[str]:

@@ -110,19 +110,8 @@ def load_pretrained_encoder(model: Classifier, run: str | Path) -> int:
     if differ:
         raise ClassifyError(f"--init-from {run}: the classifier does not match the pretrained encoder "
                             f"({'; '.join(differ)})")
-    tensors = checkpoint.load_tensors(run / checkpoint.WEIGHTS, "pretrained weights")
-    encoder = {k: v for k, v in tensors.items() if k.startswith(("embed.", "encoder."))}
-    expected = {k: v for k, v in model.state_dict().items() if k.startswith(("embed.", "encoder."))}
-    missing, unexpected = sorted(set(expected) - set(encoder)), sorted(set(encoder) - set(expected))
-    if missing or unexpected:
-        raise ClassifyError(f"--init-from {run}: pretrained weights do not fit the classifier "
-                            f"(missing: {missing[:3]}, unexpected: {unexpected[:3]})")
-    for name, tensor in encoder.items():
-        if tensor.shape != expected[name].shape:
-            raise ClassifyError(f"--init-from {run}: {name} has shape {tuple(tensor.shape)}, "
-                                f"the classifier expects {tuple(expected[name].shape)}")
-    model.load_state_dict(encoder, strict=False)
-    return len(encoder)
+    return checkpoint.load_model_weights(model, run / checkpoint.WEIGHTS, only=("embed.", "encoder."),
+                                         what="pretrained weights")
 
 
 def layer_lr_scale(num_layers: int, decay: float) -> Callable[[str], float]:
