@@ -253,6 +253,18 @@ def prepare_run_folder(out: str | Path, kind: str, train: dict[str, Any], identi
     return (out / LAST / "state.json").exists() or (out / WEIGHTS).exists()
 
 
+def read_model_config(run: str | Path, kind: str, config_class):
+    """``(config.json as a dict, its model section as ``config_class``)``, validated; a malformed
+    model section is a ClassifyError naming the file."""
+    config = read_config(run, kind)
+    try:
+        model_config = config_class.from_dict(config["model"])
+        model_config.validate()
+    except (KeyError, TypeError, ValueError) as err:
+        raise ClassifyError(f"{Path(run) / CONFIG} has an invalid model section: {err}") from None
+    return config, model_config
+
+
 def save_last(run: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               state: dict[str, Any]) -> None:
     """Everything needed to resume, committed by one atomic write of ``last/state.json``.

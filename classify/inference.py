@@ -44,12 +44,7 @@ def load_run(path: str | Path, device: torch.device) -> LoadedRun:
     """Load ``config.json``, ``tokenizer.json`` and ``model.safetensors``; every way these can be
     missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
     path = Path(path)
-    config = checkpoint.read_config(path, KIND)
-    try:
-        model_config = ClassifierConfig.from_dict(config["model"])
-        model_config.validate()
-    except (KeyError, TypeError, ValueError) as err:
-        raise ClassifyError(f"{path / checkpoint.CONFIG} has an invalid model section: {err}") from None
+    config, model_config = checkpoint.read_model_config(path, KIND, ClassifierConfig)
     tokenizer = load_tokenizer(path / checkpoint.TOKENIZER)
     if tokenizer.get_vocab_size() != model_config.vocab_size:
         raise ClassifyError(f"tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model's embedding "

@@ -231,12 +231,7 @@ def load_translator(path: str | Path, device: torch.device) -> Translator:
     """Load ``config.json``, ``tokenizer.json`` and ``model.safetensors`` of a seq2seq run folder;
     every way these can be missing, corrupt or inconsistent is a one-line ClassifyError."""
     path = Path(path)
-    config = checkpoint.read_config(path, KIND)
-    try:
-        model_config = TransformerConfig.from_dict(config["model"])
-        model_config.validate()
-    except (KeyError, TypeError, ValueError) as err:
-        raise ClassifyError(f"{path / checkpoint.CONFIG} has an invalid model section: {err}") from None
+    config, model_config = checkpoint.read_model_config(path, KIND, TransformerConfig)
     tokenizer = load_tokenizer(path / checkpoint.TOKENIZER)
     vocab = tokenizer.get_vocab_size()
     if vocab != model_config.src_vocab_size or vocab != model_config.tgt_vocab_size:
