@@ -45,7 +45,7 @@ from .errors import ClassifyError, run_cli
 from .models import Transformer, TransformerConfig
 from .tokenize import CLS, PAD, SEP, encode, load_tokenizer, save_tokenizer, train_tokenizer
 from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
-                       optimizer_step, set_lr, set_seed)
+                       optimizer_step, record_evaluation, set_lr, set_seed)
 
 KIND = "seq2seq"
 BOS, EOS = CLS, SEP
@@ -537,14 +537,12 @@ def train(args: argparse.Namespace) -> int:
                      f"val ppl {loss['perplexity']:.2f}{bleu_text}  {tokens_per_s:.0f} tok/s")
         run_loss, run_tokens, tokens_since = 0.0, 0, 0
         score = record["val_bleu"] if args.best_by == "bleu" else -loss["loss"]
-        if state["best"] is None or score > state["best"]:
-            state["best"], state["evals_since_best"] = score, 0
+        improved, exhausted = record_evaluation(state, "best", score, args.patience)
+        if improved:
             checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
-        else:
-            state["evals_since_best"] += 1
         model.train()
         clock = time.monotonic()
-        return args.patience is not None and state["evals_since_best"] >= args.patience
+        return exhausted
 
     model.train()
     with StopSignal() as stop, TrainingProgress(total_steps, enabled=not args.quiet) as progress:

@@ -38,7 +38,7 @@ from .inference import KIND, predict_ids
 from .models import Classifier, ClassifierConfig
 from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
 from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
-                       optimizer_step, set_lr, set_seed)
+                       optimizer_step, record_evaluation, set_lr, set_seed)
 
 
 @dataclass
@@ -363,15 +363,12 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
         progress.log(f"step {record['step']}: val loss {metrics['loss']:.4f}  val acc {metrics['accuracy']:.4f}  "
                      f"train acc {record['train_accuracy']:.4f}  {record['tokens_per_s']:.0f} tok/s")
         run_loss, run_correct, run_seen, tokens_since = 0.0, 0, 0, 0
-        if metrics["accuracy"] > state["best_val_acc"]:
-            state["best_val_acc"], state["evals_since_best"] = metrics["accuracy"], 0
-            if distributed.is_main():
-                checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
-        else:
-            state["evals_since_best"] += 1
+        improved, exhausted = record_evaluation(state, "best_val_acc", metrics["accuracy"], args.patience)
+        if improved and distributed.is_main():
+            checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
         model.train()
         clock = time.monotonic()
-        return args.patience is not None and state["evals_since_best"] >= args.patience
+        return exhausted
 
     model.train()
     accum = args.grad_accum

@@ -101,6 +101,18 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.
     return float(norm)
 
 
+def record_evaluation(state: dict[str, Any], best_key: str, score: float, patience: int | None) -> tuple[bool, bool]:
+    """Early-stopping bookkeeping in a run's resumable ``state``: is ``score`` (higher is better) a new
+    best under ``state[best_key]`` (None = no evaluation yet), and has ``patience`` now run out?
+    Returns ``(improved, patience_exhausted)``."""
+    improved = state[best_key] is None or score > state[best_key]
+    if improved:
+        state[best_key], state["evals_since_best"] = score, 0
+    else:
+        state["evals_since_best"] += 1
+    return improved, patience is not None and state["evals_since_best"] >= patience
+
+
 class StopSignal:
     """Turns Ctrl-C / SIGTERM into a flag the loop checks between steps, so the run can
     save ``last/`` and exit cleanly instead of dying mid-write. A second Ctrl-C aborts."""
