@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from .trainruns import evaluations, experiment_meta, run_training, train_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -72,28 +71,19 @@ def variants() -> list[tuple[str, str, list[str]]]:
 
 def run_variant(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     out = Path(args.runs) / name.replace("+", "plus-")
-    command = [sys.executable, "-m", "classify.train", "--data", args.data, "--output", str(out), "--overwrite",
-               "--max-steps", str(args.steps), "--eval-every", str(args.eval_every), "--max-len", str(args.max_len),
-               "--batch-size", "32", "--val-size", str(args.val_size), "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed),
-               "--no-test", "--quiet", *flags]
-    metrics = out / "metrics.jsonl"
-    finished = metrics.exists() and json.loads(metrics.read_text().splitlines()[-1])["step"] == args.steps
-    wall = None
-    if not (args.reuse and finished):
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        start = time.monotonic()
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        wall = round(time.monotonic() - start, 1)
-        if result.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{result.stderr[-2000:]}")
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    flags = ["--data", args.data, "--overwrite", "--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
+             "--max-len", str(args.max_len), "--batch-size", "32", "--val-size", str(args.val_size),
+             "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed), "--no-test", "--quiet", *flags]
+    records = evaluations(out)
+    finished = bool(records) and records[-1]["step"] == args.steps
+    wall = None if args.reuse and finished else run_training(name, out, flags, args.threads)
+    records = evaluations(out)
     best = max(records, key=lambda r: r["val_accuracy"])
-    train_seconds = records[-1]["elapsed_s"]
     return {"name": name, "flags": flags, "best_val_accuracy": best["val_accuracy"], "best_step": best["step"],
-            "final_val_accuracy": records[-1]["val_accuracy"], "train_seconds": train_seconds,
+            "final_val_accuracy": records[-1]["val_accuracy"], "train_seconds": records[-1]["elapsed_s"],
             "tokens_per_s": round(sorted(r["tokens_per_s"] for r in records)[len(records) // 2]),
             "wall_seconds": wall, "curve": [(r["step"], r["val_accuracy"]) for r in records],
-            "command": " ".join(command[1:])}
+            "command": " ".join(train_command(out, flags)[1:])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,10 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   best val acc {row['best_val_accuracy']:.4f} at step {row['best_step']}, "
               f"{row['train_seconds']:.0f}s training", flush=True)
     RESULTS.mkdir(exist_ok=True)
-    meta = {"command": "python -m experiments.ablations " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "threads": args.threads, "steps": args.steps, "max_len": args.max_len,
-            "lr": args.lr, "load_average_at_end": os.getloadavg()}
+    meta = {**experiment_meta("experiments.ablations", argv if argv is not None else sys.argv[1:]),
+            "threads": args.threads, "steps": args.steps, "max_len": args.max_len, "lr": args.lr}
     (RESULTS / "ablations.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"Command: `{meta['command']}` ({meta['date']}, {meta['threads']} thread(s), "
              f"{args.steps} steps x 32 reviews, max length {args.max_len}, lr {args.lr})", "",

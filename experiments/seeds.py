@@ -1,0 +1,115 @@
+"""The headline recipe over several seeds: how much of an accuracy is the recipe, how much the seed.
+
+    python -m experiments.seeds --data ../shared/imdb                        # the recorded run: 3 seeds x 30 min
+    python -m experiments.seeds --data ../shared/imdb --parallel 2           # two runs at a time, one thread each
+    python -m experiments.seeds --data ../shared/imdb --runs runs --reuse    # tabulate runs that already finished
+
+Each seed is one ``python -m classify.train`` run of the recipe below under ``--time-budget``
+minutes; the seed changes the validation split carved from train, the initial weights and the
+batch order. Every run ends with one evaluation of its best-validation weights on the test split.
+Flags this script does not know go to ``classify.train`` unchanged (e.g. ``--limit 2000`` for a
+quick look). Results: experiments/results/seeds.json and .md (per-seed rows, mean, standard
+deviation and range, and the validation curves side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from .trainruns import evaluations, experiment_meta, start_training, test_metrics, train_command
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# The 30-minute recipe: the defaults of classify.train, with attention dropout off, which makes training
+# 1.4-1.75x faster on CPU (experiments/RESULTS_bench.md); validation every 250 steps for the curve.
+RECIPE = ["--attention-dropout", "0", "--eval-every", "250"]
+
+
+def seed_flags(seed: int, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    return ["--data", args.data, "--seed", str(seed), "--time-budget", str(args.time_budget), "--quiet",
+            *RECIPE, *extra]
+
+
+def summarise(seed: int, run: Path, flags: list[str], wall: float | None) -> dict:
+    records, test = evaluations(run), test_metrics(run)
+    if test is None:
+        raise SystemExit(f"seed {seed}: {run} has no test_metrics.json (the run has not finished)")
+    best = max(records, key=lambda r: r["val_accuracy"])
+    return {"seed": seed, "run": str(run), "test_accuracy": test["accuracy"], "test_loss": test["loss"],
+            "best_val_accuracy": best["val_accuracy"], "best_step": best["step"], "steps": records[-1]["step"],
+            "train_minutes": round(records[-1]["elapsed_s"] / 60, 1),
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in records)),
+            "wall_seconds": wall, "curve": [(r["step"], r["val_accuracy"]) for r in records],
+            "command": " ".join(train_command(run, flags)[1:])}
+
+
+def spread(values: list[float]) -> dict:
+    """Mean, sample standard deviation (0 for one value) and range."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def to_markdown(meta: dict, rows: list[dict], test: dict, val: dict) -> str:
+    lines = [f"Command: `{meta['command']}` ({meta['date']}, {meta['threads']} thread(s) per run, "
+             f"{meta['parallel']} run(s) at a time, time budget {meta['time_budget']} min per seed)", "",
+             "| seed | test accuracy | test loss | best val accuracy (step) | steps | training min | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['seed']} | {r['test_accuracy']:.4f} | {r['test_loss']:.4f} | {r['best_val_accuracy']:.4f} "
+              f"({r['best_step']}) | {r['steps']} | {r['train_minutes']} | {r['tokens_per_s']} |" for r in rows]
+    lines += ["", f"Test accuracy over {test['n']} seeds: **{test['mean']:.4f} ± {test['std']:.4f}** (mean ± sample "
+              f"std), range {test['min']:.4f}-{test['max']:.4f}. Best validation accuracy: {val['mean']:.4f} ± "
+              f"{val['std']:.4f}.", "", "Validation accuracy by step:", "",
+              "| step | " + " | ".join(f"seed {r['seed']}" for r in rows) + " |", "|---" * (len(rows) + 1) + "|"]
+    curves = [dict(r["curve"]) for r in rows]
+    for step in sorted({s for c in curves for s in c}):
+        lines.append(f"| {step} | " + " | ".join(f"{c[step]:.4f}" if step in c else "" for c in curves) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.seeds", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default=os.environ.get("CLASSIFY_DATA", "../shared/imdb"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--time-budget", type=float, default=30.0, help="training minutes per seed")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p.add_argument("--runs", default="experiments/runs/seeds", help="where the run folders seed<N> go")
+    p.add_argument("--reuse", action="store_true",
+                   help="take seeds whose run folder already has a test evaluation from that folder")
+    p.add_argument("--results", default=str(RESULTS), help="where seeds.json and seeds.md go")
+    args, extra = p.parse_known_args(argv)
+    if args.parallel < 1 or args.threads < 1:
+        p.error("--parallel and --threads must be at least 1")
+
+    runs = {seed: Path(args.runs) / f"seed{seed}" for seed in args.seeds}
+    todo = [s for s in args.seeds if not (args.reuse and test_metrics(runs[s]) is not None)]
+    walls: dict[int, float | None] = dict.fromkeys(args.seeds)
+    for i in range(0, len(todo), args.parallel):
+        group = [start_training(f"seed {s}", runs[s], seed_flags(s, args, extra), args.threads)
+                 for s in todo[i:i + args.parallel]]
+        for seed, training in zip(todo[i:i + args.parallel], group):
+            walls[seed] = training.wait()
+            print(f"seed {seed}: done in {walls[seed] / 60:.1f} min", flush=True)
+
+    rows = [summarise(s, runs[s], seed_flags(s, args, extra), walls[s]) for s in args.seeds]
+    test = spread([r["test_accuracy"] for r in rows])
+    val = spread([r["best_val_accuracy"] for r in rows])
+    meta = {**experiment_meta("experiments.seeds", argv if argv is not None else sys.argv[1:]),
+            "threads": args.threads, "parallel": args.parallel, "time_budget": args.time_budget}
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "seeds.json").write_text(json.dumps({"meta": meta, "test_accuracy": test,
+                                                    "best_val_accuracy": val, "rows": rows}, indent=2) + "\n")
+    report = to_markdown(meta, rows, test, val)
+    (results / "seeds.md").write_text(report)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

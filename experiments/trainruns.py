@@ -1,0 +1,77 @@
+"""Running ``python -m classify.train`` from an experiment script and reading back its run folder.
+
+The experiments drive the real command line (not the Python API) so that what they record is
+exactly what a user's command would do; these helpers are the one place that knows how.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def train_command(output: Path, flags: list[str]) -> list[str]:
+    """argv of a ``classify.train`` run into ``output`` with ``flags``."""
+    return [sys.executable, "-m", "classify.train", "--output", str(output), *flags]
+
+
+@dataclass
+class Training:
+    """A ``classify.train`` process started by ``start_training``."""
+
+    name: str
+    output: Path
+    process: subprocess.Popen
+    started: float
+
+    @property
+    def log(self) -> Path:
+        return self.output.with_suffix(".log")
+
+    def wait(self) -> float:
+        """Wait for the run to end; its wall seconds, or exit with the tail of its log if it failed."""
+        if self.process.wait() != 0:
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+            raise SystemExit(f"{self.name} failed (exit {self.process.returncode}); end of {self.log}:\n{tail}")
+        return round(time.monotonic() - self.started, 1)
+
+
+def start_training(name: str, output: Path, flags: list[str], threads: int) -> Training:
+    """Start a ``classify.train`` run limited to ``threads`` CPU threads, logging to ``output``.log."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "RAYON_NUM_THREADS": str(threads)}
+    with open(output.with_suffix(".log"), "w") as log:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(train_command(output, flags), env=env, stdout=log, stderr=subprocess.STDOUT)
+    return Training(name, output, process, time.monotonic())
+
+
+def run_training(name: str, output: Path, flags: list[str], threads: int) -> float:
+    """One run in the foreground; its wall seconds."""
+    return start_training(name, output, flags, threads).wait()
+
+
+def evaluations(run: Path) -> list[dict]:
+    """The run's validation records (``metrics.jsonl``), oldest first; [] before the first one."""
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_metrics(run: Path) -> dict | None:
+    """The run's one test-split evaluation, or None when it has none (not finished, or ``--no-test``)."""
+    path = run / "test_metrics.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def experiment_meta(prog: str, argv: list[str]) -> dict:
+    """What every experiment records about its own run: command, date, machine and its load."""
+    return {"command": " ".join([f"python -m {prog}", *argv]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "load_average_at_end": os.getloadavg()}

@@ -1,0 +1,35 @@
+"""The accuracy-experiment scripts at toy sizes: they drive the real CLI and tabulate what it wrote."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from conftest import TINY_MODEL_ARGS
+from experiments import seeds
+
+
+def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parquet_data, tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    argv = ["--data", str(parquet_data), "--seeds", "0", "1", "--parallel", "2", "--time-budget", "5",
+            "--runs", str(runs), "--results", str(results), "--max-steps", "4", *TINY_MODEL_ARGS]
+    assert seeds.main(argv) == 0
+
+    report = json.loads((results / "seeds.json").read_text())
+    rows = report["rows"]
+    assert [r["seed"] for r in rows] == [0, 1]
+    for row in rows:
+        config = json.loads((runs / f"seed{row['seed']}" / "config.json").read_text())
+        assert config["train"]["seed"] == row["seed"] and config["train"]["time_budget"] == 5
+        assert config["model"]["attention_dropout"] == 0.0  # the recipe reached classify.train
+        test = json.loads((runs / f"seed{row['seed']}" / "test_metrics.json").read_text())
+        assert row["test_accuracy"] == test["accuracy"] and row["steps"] == 4
+    accuracies = [r["test_accuracy"] for r in rows]
+    assert report["test_accuracy"]["mean"] == statistics.fmean(accuracies)
+    assert report["test_accuracy"]["std"] == statistics.stdev(accuracies)
+    assert "± " in (results / "seeds.md").read_text()
+
+    # --reuse tabulates finished runs without training them again
+    before = (runs / "seed0" / "test_metrics.json").stat().st_mtime_ns
+    assert seeds.main([*argv, "--reuse"]) == 0
+    assert (runs / "seed0" / "test_metrics.json").stat().st_mtime_ns == before
