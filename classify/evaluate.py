@@ -28,7 +28,8 @@ from .data import Examples, default_source, load_split, normalize, training_spli
 from .device import PRECISIONS
 from .errors import ClassifyError, run_cli
 from .inference import encode_texts, predict_ids
-from .predict import HelpFormatter, open_run, progress_bar
+from .cli import HelpFormatter
+from .predict import open_run, progress_bar
 from .report import print_summary, write_markdown, write_plots
 
 TRANSFORMER, BASELINE = "transformer", "baseline"

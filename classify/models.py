@@ -34,6 +34,17 @@ class _Config:
             raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
         return cls(**data)
 
+    @classmethod
+    def given(cls, config: "_Config | None", kwargs: dict[str, Any]):
+        """The config a model was built with: ``config`` itself, or one made from keyword
+        arguments (not both), validated."""
+        if config is None:
+            config = cls(**kwargs)
+        elif kwargs:
+            raise TypeError(f"pass either a {cls.__name__} or keyword arguments, not both")
+        config.validate()
+        return config
+
     def validate(self) -> None:
         d, h = self.d_model, self.num_heads  # type: ignore[attr-defined]
         if d <= 0 or h <= 0 or d % h:
@@ -83,13 +94,7 @@ class Classifier(nn.Module):
 
     def __init__(self, config: ClassifierConfig | None = None, **kwargs: Any):
         super().__init__()
-        if config is None:
-            config = ClassifierConfig(**kwargs)
-        elif kwargs:
-            raise TypeError("pass either a ClassifierConfig or keyword arguments, not both")
-        config.validate()
-        self.config = config
-        c = config
+        self.config = c = ClassifierConfig.given(config, kwargs)
         self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first,
                                c.attention_dropout)
@@ -148,13 +153,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig | None = None, **kwargs: Any):
         super().__init__()
-        if config is None:
-            config = TransformerConfig(**kwargs)
-        elif kwargs:
-            raise TypeError("pass either a TransformerConfig or keyword arguments, not both")
-        config.validate()
-        self.config = config
-        c = config
+        self.config = c = TransformerConfig.given(config, kwargs)
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.attention_dropout)

@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import checkpoint
+from .cli import HelpFormatter
 from .data import normalize
 from .device import PRECISIONS, autocast_dtype, resolve_device
 from .errors import ClassifyError, run_cli
@@ -64,15 +65,6 @@ def newest_run(root: Path = RUNS_DIR) -> Path:
             return path.parent
     raise ClassifyError(f"no --model given and no trained classifier run (a folder with {checkpoint.WEIGHTS}) "
                         f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except empty ones (None, False): their help text says what happens instead."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def open_run(model: str | None, device_name: str, precision: str,

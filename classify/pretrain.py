@@ -20,9 +20,9 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -31,48 +31,34 @@ from rich.table import Table
 
 from . import checkpoint
 from .batching import BucketBatchSampler, pad_batch
+from .cli import (HelpFormatter, ReviewRunConfig, add_model_args, add_optimisation_args, add_runtime_args,
+                  add_tokenizer_args, check_run_args, runtime)
 from .data import default_source, load_split, normalize, provides_split, training_split
-from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, resolve_device, to_device
+from .device import autocast, grad_scaler, to_device
 from .errors import ClassifyError, run_cli
 from .mlm import Masker, MaskedLM, mlm_loss
 from .models import ClassifierConfig
-from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
+from .tokenize import encode, load_tokenizer, save_tokenizer, train_tokenizer
+from .training import (Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, set_lr, set_seed)
 
 KIND = "pretrain"
 
 
-@dataclass
-class PretrainConfig:
+@dataclass(kw_only=True)
+class PretrainConfig(ReviewRunConfig):
     """Everything that defines a pretraining run except the model sizes (stored in config.json)."""
 
-    data: str
     epochs: int = 1
-    max_steps: int | None = None
-    time_budget: float | None = None
-    max_tokens: int = 4096
-    lr: float = 1e-3
     warmup: int = 100
-    schedule: str = "cosine"
     weight_decay: float = 0.01
-    clip: float = 1.0
-    mask_prob: float = 0.15
-    vocab_size: int = 30000
-    tokenizer: str = "word"
-    truncation: str = "head+tail"
-    val_size: int = 2500
-    mlm_val_size: int = 500
-    limit: int | None = None
-    seed: int = 0
-    precision: str = "auto"
-    eval_every: int = 250
     save_every: int = 100
-    threads: int | None = None
+    max_tokens: int = 4096
+    mask_prob: float = 0.15
+    mlm_val_size: int = 500
+    eval_every: int = 250
 
-    # Fields that must match to continue a run in the same folder (the rest may change on resume).
-    IDENTITY = ("data", "mask_prob", "vocab_size", "tokenizer", "truncation", "val_size", "mlm_val_size",
-                "limit", "seed")
+    IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "mask_prob", "mlm_val_size")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,90 +67,57 @@ def build_parser() -> argparse.ArgumentParser:
         description="Masked-language-model pretraining of the classifier's encoder on unlabelled IMDB text "
                     "(unsupervised + train splits; never test). Fine-tune the result with "
                     "`python -m classify.train --init-from OUTPUT`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("data")
     g.add_argument("--data", default=default_source(),
                    help="hub id or folder with train (and ideally unsupervised) splits; a source without an "
                         "unsupervised split pretrains on its train texts only")
     g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--val-size", type=int, default=2500,
+    g.add_argument("--val-size", type=int, default=PretrainConfig.default("val_size"),
                    help="the classifier's validation split (same as classify.train --val-size, with --seed): "
                         "these reviews are left out of pretraining so fine-tuning validation stays unseen")
-    g.add_argument("--mlm-val-size", type=int, default=500,
+    g.add_argument("--mlm-val-size", type=int, default=PretrainConfig.default("mlm_val_size"),
                    help="unlabelled reviews held out to measure the validation MLM loss")
     g.add_argument("--limit", type=int, help="pretrain on a seeded random sample of N reviews (quick runs)")
-    g.add_argument("--vocab-size", type=int, default=30000, help="tokenizer vocabulary size")
-    g.add_argument("--tokenizer", choices=KINDS, default="word", help="tokenizer kind, trained on the pretraining text")
-    g.add_argument("--max-len", type=int, default=512, help="tokens kept per review (and the model's position table)")
-    g.add_argument("--truncation", choices=TRUNCATIONS, default="head+tail", help="which part of a long review to keep")
+    add_tokenizer_args(g, PretrainConfig, "the pretraining text")
     g = p.add_argument_group("model (fine-tuning inherits these)")
-    g.add_argument("--d-model", type=int, default=128, help="model width")
-    g.add_argument("--layers", type=int, default=2, help="encoder blocks")
-    g.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
-    g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
-    g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
-    g.add_argument("--positional", choices=("learned", "sinusoidal"), default="learned", help="position encoding")
-    g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks instead of pre-LN")
+    add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
     g.add_argument("--no-padding-mask", action="store_true", help="let attention see padding (for ablations)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--mask-prob", type=float, default=0.15,
+    g.add_argument("--mask-prob", type=float, default=PretrainConfig.default("mask_prob"),
                    help="share of tokens to predict (of which 80%% become [MASK], 10%% a random token, 10%% stay)")
-    g.add_argument("--epochs", type=int, default=1, help="passes over the pretraining text")
-    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    g.add_argument("--time-budget", type=float,
-                   help="minutes of training; the learning-rate decay then follows the clock, so it reaches "
-                        "its floor when the budget (or the epochs, whichever is first) runs out")
-    g.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (length-bucketed)")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    g.add_argument("--warmup", type=int, default=100, help="linear warmup steps")
-    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="decay after warmup")
-    g.add_argument("--weight-decay", type=float, default=0.01, help="decoupled weight decay (matrices only)")
-    g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
+    add_optimisation_args(g, PretrainConfig, epochs="passes over the pretraining text")
+    g.add_argument("--max-tokens", type=int, default=PretrainConfig.default("max_tokens"),
+                   help="padded tokens per batch (length-bucketed)")
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0,
+    g.add_argument("--seed", type=int, default=PretrainConfig.default("seed"),
                    help="random seed; also picks the classifier's validation split that is left out")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else fp32")
-    g.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: PyTorch's choice)")
-    g.add_argument("--eval-every", type=int, default=250, help="validation MLM loss every N steps")
-    g.add_argument("--save-every", type=int, default=100, help="write last/ (resume state) every N steps")
+    add_runtime_args(g)
+    g.add_argument("--eval-every", type=int, default=PretrainConfig.default("eval_every"),
+                   help="validation MLM loss every N steps")
+    g.add_argument("--save-every", type=int, default=PretrainConfig.default("save_every"),
+                   help="write last/ (resume state) every N steps")
     g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
     g.add_argument("--quiet", action="store_true", help="no progress display")
     return p
 
 
 def check_args(args: argparse.Namespace) -> None:
-    positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
-                "--max-len": args.max_len, "--max-tokens": args.max_tokens, "--epochs": args.epochs,
-                "--vocab-size": args.vocab_size, "--eval-every": args.eval_every, "--save-every": args.save_every}
-    for flag, value in positive.items():
-        if value <= 0:
-            raise ClassifyError(f"{flag} must be positive, got {value}")
-    if args.d_model % args.heads:
-        raise ClassifyError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
+    check_run_args(args, {"--max-tokens": args.max_tokens, "--eval-every": args.eval_every,
+                          "--mlm-val-size": args.mlm_val_size})
     if args.max_tokens < args.max_len:
         raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one review of --max-len {args.max_len}")
     if not 0.0 < args.mask_prob < 1.0:
         raise ClassifyError(f"--mask-prob must be in (0, 1), got {args.mask_prob}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.lr <= 0:
-        raise ClassifyError(f"--lr must be positive, got {args.lr}")
-    if args.mlm_val_size <= 0:
-        raise ClassifyError(f"--mlm-val-size must be positive, got {args.mlm_val_size}")
-    if args.threads is not None and args.threads <= 0:
-        raise ClassifyError(f"--threads must be positive, got {args.threads}")
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, PretrainConfig]:
-    train = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig)})
     model = ClassifierConfig(
         vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads, num_layers=args.layers,
         d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout, positional=args.positional,
         norm_first=not args.post_ln, mask_padding=not args.no_padding_mask)
-    return model, train
+    return model, PretrainConfig.from_args(args)
 
 
 # ------------------------------------------------------------------------------ data
@@ -234,13 +187,10 @@ def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, d
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device, dtype = runtime(args)
     out = Path(args.output)
     console = Console(stderr=True, quiet=args.quiet)
     set_seed(args.seed)
-    device = resolve_device(args.device)
-    dtype = autocast_dtype(device, args.precision)
     model_config, train_config = configs_from_args(args)
     resuming = checkpoint.prepare_run_folder(out, KIND, asdict(train_config), PretrainConfig.IDENTITY,
                                              model_config.to_dict(), args.overwrite)

@@ -27,9 +27,9 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +39,14 @@ from tokenizers import Tokenizer
 
 from . import checkpoint
 from .batching import BucketBatchSampler, pad_batch
+from .cli import (HelpFormatter, RunConfig, add_model_args, add_optimisation_args, add_runtime_args,
+                  check_run_args, runtime)
 from .data import normalize
-from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, resolve_device, to_device
+from .device import autocast, grad_scaler, to_device
 from .errors import ClassifyError, run_cli
 from .models import Transformer, TransformerConfig
 from .tokenize import CLS, PAD, SEP, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
+from .training import (Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, record_evaluation, set_lr, set_seed)
 
 KIND = "seq2seq"
@@ -282,63 +284,22 @@ def _words(texts: list[str]) -> list[list[str]]:
 
 
 # ------------------------------------------------------------------------- training
-@dataclass
-class Seq2SeqTrainConfig:
-    """Everything that defines a training run except the model sizes (stored in config.json)."""
+@dataclass(kw_only=True)
+class Seq2SeqTrainConfig(RunConfig):
+    """Everything that defines a translation training run except the model sizes (stored in config.json)."""
 
-    data: str
     src_lang: str = "de"
     tgt_lang: str = "en"
     epochs: int = 10
-    max_steps: int | None = None
-    time_budget: float | None = None
-    max_tokens: int = 2048
-    lr: float = 1e-3
     warmup: int = 400
-    schedule: str = "cosine"
     weight_decay: float = 0.01
-    clip: float = 1.0
+    max_tokens: int = 2048
     label_smoothing: float = 0.1
     vocab_size: int = 8000
-    seed: int = 0
-    precision: str = "auto"
     best_by: str = "bleu"
     patience: int | None = None
-    save_every: int = 200
-    threads: int | None = None
 
-    # Fields that must match to continue a run in the same folder (the rest may change on resume).
-    IDENTITY = ("data", "src_lang", "tgt_lang", "vocab_size", "seed")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows defaults, except the uninformative None and False."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def runtime(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]:
-    """Apply --threads; resolve --device and --precision (one-line errors if this machine can't)."""
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ClassifyError(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    try:
-        device = resolve_device(args.device)
-        return device, autocast_dtype(device, args.precision)
-    except (ValueError, RuntimeError) as err:
-        raise ClassifyError(str(err)) from None
-
-
-def add_runtime_args(p: argparse.ArgumentParser) -> None:
-    """--device, --precision and --threads, shared by every subcommand."""
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else fp32")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice, all cores)")
+    IDENTITY: ClassVar[tuple[str, ...]] = (*RunConfig.IDENTITY, "src_lang", "tgt_lang", "vocab_size")
 
 
 def add_train_parser(sub) -> None:
@@ -346,74 +307,50 @@ def add_train_parser(sub) -> None:
                        formatter_class=HelpFormatter,
                        description="Train the encoder-decoder transformer on a folder of line-aligned "
                                    "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes.")
+    default = Seq2SeqTrainConfig.default
     g = p.add_argument_group("data")
     g.add_argument("--data", required=True, help="folder with train.de/train.en, val.de/val.en (and test.*)")
     g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--src-lang", default="de", help="source file suffix")
-    g.add_argument("--tgt-lang", default="en", help="target file suffix")
-    g.add_argument("--vocab-size", type=int, default=8000, help="joint source+target BPE vocabulary size")
+    g.add_argument("--src-lang", default=default("src_lang"), help="source file suffix")
+    g.add_argument("--tgt-lang", default=default("tgt_lang"), help="target file suffix")
+    g.add_argument("--vocab-size", type=int, default=default("vocab_size"),
+                   help="joint source+target BPE vocabulary size")
     g.add_argument("--max-len", type=int, default=128,
                    help="longest sequence in tokens; longer training pairs are skipped")
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=int, default=256, help="model width")
-    g.add_argument("--layers", type=int, default=3, help="encoder blocks, and decoder blocks")
-    g.add_argument("--heads", type=int, default=8, help="attention heads (must divide --d-model)")
-    g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
-    g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
-    g.add_argument("--positional", choices=("learned", "sinusoidal"), default="sinusoidal", help="position encoding")
-    g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks (the original) instead of pre-LN")
+    add_model_args(g, d_model=256, layers=3, heads=8, d_ff=512, positional="sinusoidal",
+                   layers_help="encoder blocks, and decoder blocks")
     g.add_argument("--no-tie-embeddings", action="store_true",
                    help="separate decoder input embedding and output projection")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=10, help="passes over the training data")
-    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    g.add_argument("--time-budget", type=float,
-                   help="minutes of training (validation included); then stop cleanly. cosine/linear decay "
-                        "advances with steps or time, whichever is further along, so it ends decayed")
-    g.add_argument("--max-tokens", type=int, default=2048,
+    add_optimisation_args(g, Seq2SeqTrainConfig)
+    g.add_argument("--max-tokens", type=int, default=default("max_tokens"),
                    help="token budget per batch (padded length of the longer side x sentences)")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    g.add_argument("--warmup", type=int, default=400, help="linear warmup steps")
-    g.add_argument("--schedule", choices=SCHEDULES, default="cosine",
-                   help="decay after warmup: cosine/linear reach zero at the end of --epochs (or --max-steps); "
-                        "inverse_sqrt (Noam) needs no end, for open-ended runs")
-    g.add_argument("--weight-decay", type=float, default=0.01, help="decoupled weight decay (matrices only)")
-    g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
-    g.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the cross-entropy")
+    g.add_argument("--label-smoothing", type=float, default=default("label_smoothing"),
+                   help="label smoothing of the cross-entropy")
     g.add_argument("--patience", type=int, help="stop after N validations without improvement")
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0, help="random seed")
+    g.add_argument("--seed", type=int, default=default("seed"), help="random seed")
     add_runtime_args(g)
-    g.add_argument("--best-by", choices=BEST_BY, default="bleu",
+    g.add_argument("--best-by", choices=BEST_BY, default=default("best_by"),
                    help="which validation score picks model.safetensors (bleu: greedy decoding of val each epoch)")
-    g.add_argument("--save-every", type=int, default=200, help="write last/ (resume state) every N steps")
+    g.add_argument("--save-every", type=int, default=default("save_every"),
+                   help="write last/ (resume state) every N steps")
     g.add_argument("--resume", action="store_true", help="continue the run in --output (also automatic)")
     g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
     g.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def check_train_args(args: argparse.Namespace) -> None:
-    positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
-                "--max-len": args.max_len, "--max-tokens": args.max_tokens, "--epochs": args.epochs,
-                "--vocab-size": args.vocab_size}
-    for flag, value in positive.items():
-        if value <= 0:
-            raise ClassifyError(f"{flag} must be positive, got {value}")
-    if args.d_model % args.heads:
-        raise ClassifyError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
+    check_run_args(args, {"--max-tokens": args.max_tokens})
     if not 0.0 <= args.label_smoothing < 1.0:
         raise ClassifyError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if args.lr <= 0:
-        raise ClassifyError(f"--lr must be positive, got {args.lr}")
     if args.max_tokens < args.max_len:
         raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one sequence of --max-len {args.max_len}")
 
 
 def configs_from_args(args: argparse.Namespace, vocab_size: int) -> tuple[TransformerConfig, Seq2SeqTrainConfig]:
-    train = Seq2SeqTrainConfig(**{f.name: getattr(args, f.name) for f in fields(Seq2SeqTrainConfig)
-                                  if hasattr(args, f.name)})
+    train = Seq2SeqTrainConfig.from_args(args)
     train.data = str(Path(args.data).expanduser().resolve())
     model = TransformerConfig(
         src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=args.d_model, num_heads=args.heads,

@@ -17,9 +17,9 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,42 +30,30 @@ from tokenizers import Tokenizer
 
 from . import checkpoint, distributed
 from .batching import BucketBatchSampler, TokenizedDataset, make_loader
+from .cli import (HelpFormatter, ReviewRunConfig, add_model_args, add_optimisation_args, add_runtime_args,
+                  add_tokenizer_args, check_run_args, runtime)
 from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
-from .device import PRECISIONS, autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
+from .device import autocast, grad_scaler, pin_memory, to_device
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, predict_ids
 from .models import Classifier, ClassifierConfig
-from .tokenize import KINDS, TRUNCATIONS, encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (SCHEDULES, Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
+from .tokenize import encode, load_tokenizer, save_tokenizer, train_tokenizer
+from .training import (Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, record_evaluation, set_lr, set_seed)
 
 
-@dataclass
-class TrainConfig:
-    """Everything that defines a training run except the model sizes (stored in config.json)."""
+@dataclass(kw_only=True)
+class TrainConfig(ReviewRunConfig):
+    """Everything that defines a classifier training run except the model sizes (stored in config.json)."""
 
-    data: str
     epochs: int = 3
-    max_steps: int | None = None
-    time_budget: float | None = None
+    warmup: int = 200
+    weight_decay: float = 0.1
     batch_size: int = 32
     max_tokens: int | None = None
-    lr: float = 1e-3
-    warmup: int = 200
-    schedule: str = "cosine"
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    vocab_size: int = 30000
-    tokenizer: str = "word"
-    truncation: str = "head+tail"
-    val_size: int = 2500
-    limit: int | None = None
-    seed: int = 0
-    precision: str = "auto"
     patience: int | None = None
     eval_every: int | None = None
-    save_every: int = 200
     num_workers: int = 0
     label_smoothing: float = 0.0
     grad_accum: int = 1
@@ -73,9 +61,7 @@ class TrainConfig:
     init_from: str | None = None
     layer_decay: float | None = None
 
-    # Fields that must match to continue a run in the same folder (the rest may change on resume).
-    IDENTITY = ("data", "vocab_size", "tokenizer", "truncation", "val_size", "limit", "seed", "batching", "init_from",
-                "layer_decay")
+    IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "best per CPU-minute on a 2-core machine (see experiments/RESULTS.md).",
         epilog="Several GPUs or machines: torchrun --nproc_per_node=N -m classify.train ... (same flags; "
                "--batch-size is per process, so one optimizer step sees batch-size x N x grad-accum reviews).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("data")
     g.add_argument("--data", default=default_source(),
@@ -93,47 +79,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default from $CLASSIFY_DATA)")
     g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
     g.add_argument("--limit", type=int, help="use only N training reviews, a seeded random sample (quick runs)")
-    g.add_argument("--val-size", type=int, default=2500, help="validation reviews carved from train (stratified)")
-    g.add_argument("--vocab-size", type=int, default=30000, help="tokenizer vocabulary size")
-    g.add_argument("--tokenizer", choices=KINDS, default="word", help="tokenizer kind, trained on the training split")
-    g.add_argument("--max-len", type=int, default=512, help="tokens kept per review")
-    g.add_argument("--truncation", choices=TRUNCATIONS, default="head+tail",
-                   help="which part of a long review to keep (head+tail: first quarter + last three quarters)")
+    g.add_argument("--val-size", type=int, default=TrainConfig.default("val_size"),
+                   help="validation reviews carved from train (stratified)")
+    add_tokenizer_args(g, TrainConfig, "the training split")
     g = p.add_argument_group("model")
-    g.add_argument("--d-model", type=int, default=128, help="model width")
-    g.add_argument("--layers", type=int, default=2, help="encoder blocks")
-    g.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
-    g.add_argument("--d-ff", type=int, default=512, help="feed-forward hidden width")
-    g.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
     g.add_argument("--attention-dropout", type=float,
                    help="dropout on attention weights (default: --dropout); 0 trains 1.4-1.75x faster on CPU, "
                         "where SDPA with dropout cannot use its fused kernel")
     g.add_argument("--pooling", choices=("mean", "max", "first"), default="mean", help="how token vectors become one")
-    g.add_argument("--positional", choices=("learned", "sinusoidal"), default="learned", help="position encoding")
-    g.add_argument("--post-ln", action="store_true", help="post-LayerNorm blocks (Bloem / original) instead of pre-LN")
     g.add_argument("--no-padding-mask", action="store_true",
                    help="let attention and pooling see padding (reproduces Bloem's code; for ablations)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=3, help="passes over the training data")
-    g.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    g.add_argument("--time-budget", type=float, help="minutes of training; then stop cleanly and evaluate")
-    g.add_argument("--batch-size", type=int, default=32,
+    add_optimisation_args(g, TrainConfig, lr="peak learning rate (AdamW); with --init-from the default is 3e-4")
+    g.add_argument("--batch-size", type=int, default=TrainConfig.default("batch_size"),
                    help="reviews per batch on each process; one optimizer step trains on batch-size x "
                         "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer steps")
-    g.add_argument("--batching", choices=("bucket", "fixed"), default="bucket",
+    g.add_argument("--batching", choices=("bucket", "fixed"), default=TrainConfig.default("batching"),
                    help="bucket: length-bucketed batches padded to their longest review; fixed: random batches "
                         "padded to --max-len (the naive pipeline, for comparisons only)")
     g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
-    g.add_argument("--grad-accum", type=int, default=1,
+    g.add_argument("--grad-accum", type=int, default=TrainConfig.default("grad_accum"),
                    help="batches each process trains on per optimizer step, their gradients averaged (a bigger "
                         "batch in the same memory)")
-    g.add_argument("--lr", type=float, default=1e-3,
-                   help="peak learning rate (AdamW); with --init-from the default is 3e-4")
-    g.add_argument("--warmup", type=int, default=200, help="linear warmup steps")
-    g.add_argument("--schedule", choices=SCHEDULES, default="cosine", help="decay after warmup")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="decoupled weight decay (matrices only)")
-    g.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0 = off)")
-    g.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing of the cross-entropy")
+    g.add_argument("--label-smoothing", type=float, default=TrainConfig.default("label_smoothing"),
+                   help="label smoothing of the cross-entropy")
     g.add_argument("--patience", type=int, help="stop after N evaluations without validation improvement")
     g = p.add_argument_group("fine-tuning (see classify.pretrain)")
     g.add_argument("--init-from", metavar="PRETRAIN_RUN",
@@ -142,13 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--layer-decay", type=float,
                    help="layer-wise lr decay: block i of L gets lr * decay**(L - i), embeddings decay**(L + 1)")
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=0, help="random seed (runs are deterministic on CPU)")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else fp32")
+    g.add_argument("--seed", type=int, default=TrainConfig.default("seed"),
+                   help="random seed (runs are deterministic on CPU)")
+    add_runtime_args(g)
     g.add_argument("--eval-every", type=int, help="validate every N steps (default: once per epoch)")
-    g.add_argument("--save-every", type=int, default=200, help="write last/ (resume state) every N steps")
-    g.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    g.add_argument("--save-every", type=int, default=TrainConfig.default("save_every"),
+                   help="write last/ (resume state) every N steps")
+    g.add_argument("--num-workers", type=int, default=TrainConfig.default("num_workers"),
+                   help="DataLoader worker processes")
     g.add_argument("--resume", action="store_true", help="continue the run in --output (also automatic)")
     g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
     g.add_argument("--no-test", action="store_true", help="skip the final evaluation on the test split")
@@ -160,28 +131,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -> tuple[ClassifierConfig, TrainConfig]:
-    train = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)})
     model = ClassifierConfig(
         vocab_size=vocab_size or args.vocab_size, num_classes=2, d_model=args.d_model, num_heads=args.heads,
         num_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout,
         pooling=args.pooling, positional=args.positional, norm_first=not args.post_ln,
         mask_padding=not args.no_padding_mask, attention_dropout=args.attention_dropout)
-    return model, train
+    return model, TrainConfig.from_args(args)
 
 
 def check_args(args: argparse.Namespace) -> None:
-    positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
-                "--max-len": args.max_len, "--batch-size": args.batch_size, "--epochs": args.epochs,
-                "--vocab-size": args.vocab_size, "--grad-accum": args.grad_accum}
-    for flag, value in positive.items():
-        if value <= 0:
-            raise ClassifyError(f"{flag} must be positive, got {value}")
-    if args.d_model % args.heads:
-        raise ClassifyError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.lr <= 0:
-        raise ClassifyError(f"--lr must be positive, got {args.lr}")
+    check_run_args(args, {"--batch-size": args.batch_size, "--grad-accum": args.grad_accum})
     if args.layer_decay is not None and not 0.0 < args.layer_decay <= 1.0:
         raise ClassifyError(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
     if args.limit is not None and args.limit <= args.val_size:
@@ -249,18 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from:
         adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
     check_args(args)
-    device = resolve_device(args.device)
+    device, dtype = runtime(args)
     with distributed.process_group(device, args.dist_timeout):
-        return run(args, device)
+        return run(args, device, dtype)
 
 
-def run(args: argparse.Namespace, device: torch.device) -> int:
+def run(args: argparse.Namespace, device: torch.device, dtype: torch.dtype | None) -> int:
     """The training run of ``main``; under torchrun every rank runs it. Returns the exit code."""
     out = Path(args.output)
     world = distributed.world_size()
     console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
     set_seed(args.seed + distributed.rank())  # other dropout masks per rank; DDP gives all rank 0's weights
-    dtype = autocast_dtype(device, args.precision)
     model_config, train_config = configs_from_args(args)
     resuming = distributed.on_main(lambda: prepare_output(out, train_config, model_config, args.overwrite))
 

@@ -220,7 +220,6 @@ def test_decoder_stack_matches_torch(norm_first):
     if norm_first:
         ours.norm.load_state_dict(theirs.norm.state_dict())
     src = lengths_to_tokens([7, 3])
-    tgt = lengths_to_tokens([5, 5])
     memory = torch.randn(2, 7, D, requires_grad=True)
     memory2 = memory.detach().clone().requires_grad_(True)
     x = torch.randn(2, 5, D)
