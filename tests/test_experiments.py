@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 from conftest import TINY_MODEL_ARGS
-from experiments import seeds
+from experiments import pretraining, seeds
 
 
 def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parquet_data, tmp_path):
@@ -33,3 +34,24 @@ def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parq
     before = (runs / "seed0" / "test_metrics.json").stat().st_mtime_ns
     assert seeds.main([*argv, "--reuse"]) == 0
     assert (runs / "seed0" / "test_metrics.json").stat().st_mtime_ns == before
+
+
+def test_pretraining_fine_tunes_each_snapshot_and_the_final_weights(parquet_data, tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    pretrain_args = ("--d-model 32 --heads 2 --layers 1 --d-ff 64 --max-len 64 --vocab-size 200 --max-tokens 512 "
+                     "--val-size 80 --mlm-val-size 20 --max-steps 6 --eval-every 2 --precision fp32")
+    argv = ["--data", str(parquet_data), "--runs", str(runs), "--results", str(results), "--snapshots", "0",
+            "--pretrain-budget", "5", "--finetune-budget", "5", "--poll", "0.05", "--pretrain-args", pretrain_args,
+            "--finetune-args", "--max-steps 3 --batch-size 16 --val-size 80 --precision fp32"]
+    assert pretraining.main(argv) == 0
+
+    report = json.loads((results / "pretraining.json").read_text())
+    rows = {Path(r["init_from"]).name: r for r in report["finetuned"]}
+    assert set(rows) == {"pretrain-at-0min", "pretrain"}
+    assert rows["pretrain"]["pretraining_steps"] == 6
+    for source, row in rows.items():
+        config = json.loads((runs / f"finetune-{source}" / "config.json").read_text())
+        assert config["train"]["init_from"] == str(runs / source) and config["train"]["lr"] == 5e-4
+        test = json.loads((runs / f"finetune-{source}" / "test_metrics.json").read_text())
+        assert row["test_accuracy"] == test["accuracy"] and row["finetune_steps"] == 3
+    assert [r["step"] for r in report["pretraining_curve"]] == [0, 2, 4, 6]
