@@ -170,7 +170,9 @@ class MultiHeadAttention(nn.Module):
         empty_rows: Tensor | None = None
         if mask is not None:
             has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
-            if not bool(has_key.all()):
+            # Asking whether any row is empty costs a host sync on a GPU (a stall per attention call), so
+            # there the fix-up below always runs (a no-op without empty rows); on the CPU the check is free.
+            if q.device.type != "cpu" or not bool(has_key.all()):
                 # Let empty rows attend everywhere (finite result), then zero them below.
                 empty_rows = ~has_key
                 mask = mask | empty_rows
