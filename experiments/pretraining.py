@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pretrain-budget", type=float, default=95.0, help="minutes of pretraining")
     p.add_argument("--snapshots", type=float, nargs="*", default=[45.0],
                    help="also fine-tune the weights as they were after these minutes of pretraining")
-    p.add_argument("--finetune-budget", type=float, default=20.0, help="minutes of each fine-tuning")
+    p.add_argument("--finetune-budget", type=float, default=30.0,
+                   help="minutes of each fine-tuning (30: the supervised recipe's budget)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     p.add_argument("--parallel", type=int, default=2, help="fine-tunings at a time")
     p.add_argument("--runs", default="experiments/runs/pretraining", help="where the run folders go")
