@@ -112,14 +112,20 @@ def confident_mistakes(data: Examples, rows: np.ndarray, probs: np.ndarray, labe
 
 
 # ------------------------------------------------------------------------- baseline
-def baseline_probabilities(train: Examples, texts: list[str], num_classes: int) -> np.ndarray:
-    """TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic regression, fitted on ``train``."""
+def baseline_model(c: float = 1.0):
+    """The bag-of-words baseline, unfitted: TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic
+    regression with inverse regularisation strength ``c``. Fit it on ``normalize``d texts."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    model = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2),
-                          LogisticRegression(max_iter=1000))
+    return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2),
+                         LogisticRegression(C=c, max_iter=1000))
+
+
+def baseline_probabilities(train: Examples, texts: list[str], num_classes: int) -> np.ndarray:
+    """``baseline_model()`` fitted on ``train``: class probabilities for ``texts``, shape (len(texts), num_classes)."""
+    model = baseline_model()
     model.fit([normalize(t) for t in train.texts], train.labels)
     probs = np.zeros((len(texts), num_classes))
     probs[:, model.classes_] = model.predict_proba([normalize(t) for t in texts])
