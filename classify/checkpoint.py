@@ -119,10 +119,13 @@ def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Ten
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """State dict of the underlying model (unwrapping DDP / torch.compile)."""
+    """What a weights file holds: the state dict of the underlying model (unwrapping DDP /
+    torch.compile), each tensor once. A parameter tied to an earlier one (a shared embedding
+    and output projection) is left out; ``load_model_weights`` restores it through the tie."""
     model = getattr(model, "module", model)
     model = getattr(model, "_orig_mod", model)
-    return model.state_dict()
+    tied = _tied_names(model)
+    return {name: tensor for name, tensor in model.state_dict().items() if name not in tied}
 
 
 def load_model_weights(model: torch.nn.Module, path: str | Path, only: tuple[str, ...] | None = None,

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from classify import checkpoint
 from classify.models import Classifier, ClassifierConfig, Transformer, TransformerConfig
 from test_core import TOL, copy_decoder_layer, copy_encoder_layer, lengths_to_tokens
 
@@ -176,6 +177,18 @@ def test_transformer_learns_copy_task():
 def test_tied_embeddings_share_storage():
     model = tiny_transformer(tie_embeddings=True)
     assert model.generator.weight.data_ptr() == model.tgt_embed.tokens.weight.data_ptr()
+
+
+def test_tied_embeddings_are_saved_once_and_stay_tied_after_loading(tmp_path):
+    model = tiny_transformer(tie_embeddings=True)
+    state = checkpoint.model_state(model)
+    assert "tgt_embed.tokens.weight" in state and "generator.weight" not in state
+    checkpoint.save_tensors(tmp_path / "w.safetensors", state)
+    loaded = tiny_transformer(tie_embeddings=True)
+    checkpoint.load_model_weights(loaded, tmp_path / "w.safetensors")
+    assert loaded.generator.weight.data_ptr() == loaded.tgt_embed.tokens.weight.data_ptr()
+    assert torch.equal(loaded.generator.weight, model.generator.weight)
+    assert set(checkpoint.model_state(tiny_transformer())) == set(state) | {"generator.weight"}  # untied: both
 
 
 def test_attention_dropout_is_separate_from_dropout():
