@@ -15,12 +15,11 @@ Results: experiments/results/ablations.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, run_training, train_command
+from .trainruns import evaluations, experiment_meta, run_training, train_command, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -99,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per training run")
     p.add_argument("--runs", default="experiments/runs/ablations", help="where the run folders go (git-ignored)")
     p.add_argument("--only", nargs="*", help="run only these variants")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where ablations.json and .md go")
     p.add_argument("--reuse", action="store_true",
                    help="take variants whose run folder already finished --steps from that folder (lets the "
                         "chain run in pieces, e.g. in parallel with --only, then be tabulated at once)")
@@ -113,16 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"   best val acc {row['best_val_accuracy']:.4f} at step {row['best_step']}, "
               f"{row['train_seconds']:.0f}s training", flush=True)
-    RESULTS.mkdir(exist_ok=True)
     meta = {**experiment_meta("experiments.ablations", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "steps": args.steps, "max_len": args.max_len, "lr": args.lr}
-    (RESULTS / "ablations.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [f"Command: `{meta['command']}` ({meta['date']}, {meta['threads']} thread(s), "
              f"{args.steps} steps x 32 reviews, max length {args.max_len}, lr {args.lr})", "",
              "| variant | change | best val acc | training s (incl. validation) | real tokens/s |", "|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['change']} | {r['best_val_accuracy']:.4f} | {r['train_seconds']:.0f} | {r['tokens_per_s']} |" for r in rows]
-    (RESULTS / "ablations.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.results, "ablations", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, start_training, test_metrics
+from .trainruns import evaluations, experiment_meta, start_training, test_metrics, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Pretraining: no dropout (the model is far from overfitting 18M tokens) and 2k-token batches; both measured
@@ -174,12 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads, "pretrain_recipe": PRETRAIN_RECIPE, "finetune_recipe": FINETUNE_RECIPE,
             "pretrain_config": json.loads((pretrained / "config.json").read_text()),
             "median_pretrain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in curve[1:]) if curve[1:] else None}
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "pretraining.json").write_text(json.dumps({"meta": meta, "pretraining_curve": curve,
-                                                          "finetuned": rows, "references": refs}, indent=2) + "\n")
-    report = to_markdown(meta, curve, rows, refs)
-    (results / "pretraining.md").write_text(report)
-    print(report)
+    write_results(results, "pretraining", {"meta": meta, "pretraining_curve": curve, "finetuned": rows,
+                                           "references": refs}, to_markdown(meta, curve, rows, refs))
     return 0
 
 

@@ -15,13 +15,12 @@ deviation and range, and the validation curves side by side).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, start_training, test_metrics, train_command
+from .trainruns import evaluations, experiment_meta, start_training, test_metrics, train_command, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The 30-minute recipe: the defaults of classify.train, with attention dropout off, which makes training
@@ -101,13 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     val = spread([r["best_val_accuracy"] for r in rows])
     meta = {**experiment_meta("experiments.seeds", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "parallel": args.parallel, "time_budget": args.time_budget}
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "seeds.json").write_text(json.dumps({"meta": meta, "test_accuracy": test,
-                                                    "best_val_accuracy": val, "rows": rows}, indent=2) + "\n")
-    report = to_markdown(meta, rows, test, val)
-    (results / "seeds.md").write_text(report)
-    print(report)
+    write_results(Path(args.results), "seeds", {"meta": meta, "test_accuracy": test, "best_val_accuracy": val,
+                                                "rows": rows}, to_markdown(meta, rows, test, val))
     return 0
 
 

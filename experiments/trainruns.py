@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from classify import checkpoint
+
 
 def train_command(output: Path, flags: list[str]) -> list[str]:
     """argv of a ``classify.train`` run into ``output`` with ``flags``."""
@@ -75,3 +77,11 @@ def experiment_meta(prog: str, argv: list[str]) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "load_average_at_end": os.getloadavg()}
+
+
+def write_results(folder: Path, name: str, record: dict, report: str) -> None:
+    """``folder/{name}.json`` and ``.md`` (each written atomically), and the report on stdout."""
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json(folder / f"{name}.json", record)
+    checkpoint.write_text(folder / f"{name}.md", report)
+    print(report)

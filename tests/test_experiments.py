@@ -11,7 +11,7 @@ from conftest import TINY_MODEL_ARGS
 
 from classify.data import load_split, training_split
 from classify.evaluate import baseline_probabilities
-from experiments import baseline, pretraining, seeds
+from experiments import ablations, baseline, pretraining, seeds
 
 
 def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parquet_data, tmp_path):
@@ -76,3 +76,24 @@ def test_baseline_tunes_c_on_validation_and_matches_classify_evaluate(parquet_da
     test = load_split(str(parquet_data), "test")
     probabilities = baseline_probabilities(train, test.texts, 2)
     assert default["test_accuracy"] == float((probabilities.argmax(1) == np.asarray(test.labels)).mean())
+
+
+def test_ablation_chain_changes_one_thing_per_step_and_each_variant_trains_as_configured(parquet_data, tmp_path):
+    chain = ablations.variants()
+    assert chain[0][0] == "bloem" and "--no-padding-mask" in chain[0][2]
+    assert all(before != after for (_, _, before), (_, _, after) in zip(chain, chain[1:]))
+    assert "--no-padding-mask" not in chain[1][2] and "--post-ln" not in chain[2][2]
+    assert ablations.replace(["--a", "1", "--b", "--c", "2"], "--a", "3") == ["--b", "--c", "2", "--a", "3"]
+    assert ablations.replace(["--a", "1", "--b"], "--b") == ["--a", "1"]
+
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    argv = ["--data", str(parquet_data), "--steps", "2", "--eval-every", "2", "--max-len", "32", "--val-size", "80",
+            "--runs", str(runs), "--results", str(results), "--only", "bloem", "ours"]
+    assert ablations.main(argv) == 0
+    rows = json.loads((results / "ablations.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["bloem", "ours"]
+    bloem = json.loads((runs / "bloem" / "config.json").read_text())["model"]
+    ours = json.loads((runs / "ours" / "config.json").read_text())["model"]
+    assert (bloem["num_layers"], bloem["norm_first"], bloem["mask_padding"]) == (6, False, False)
+    assert (ours["num_layers"], ours["norm_first"], ours["mask_padding"]) == (2, True, True)
+    assert all(r["curve"][-1][0] == 2 for r in rows)
