@@ -13,7 +13,6 @@ is also refitted on all 25,000 for reference. Results: experiments/results/basel
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,23 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from classify.data import Examples, load_split, normalize, training_split
-from classify.evaluate import baseline_model
+from classify import checkpoint
+from classify.data import load_split, training_split
+from classify.evaluate import BASELINE_C_GRID, fit_baseline
+
+from .trainruns import experiment_meta
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class Features:
-    """The TF-IDF features of one training set, fitted once, for logistic regressions of several C."""
-
-    def __init__(self, train: Examples):
-        self.model = baseline_model()
-        self.features = self.model[:-1].fit_transform([normalize(t) for t in train.texts])
-        self.labels = np.asarray(train.labels)
-
-    def accuracy(self, c: float, examples: Examples) -> float:
-        self.model[-1].set_params(C=c).fit(self.features, self.labels)
-        return float((self.model.predict([normalize(t) for t in examples.texts]) == np.asarray(examples.labels)).mean())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=os.environ.get("CLASSIFY_DATA", "../shared/imdb"))
     p.add_argument("--val-size", type=int, default=2500)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--grid", type=float, nargs="+", default=[0.3, 1, 3, 10, 30, 100],
+    p.add_argument("--grid", type=float, nargs="+", default=list(BASELINE_C_GRID),
                    help="values of C tried on the validation split")
     p.add_argument("--results", type=Path, default=RESULTS, help="where baseline.json goes")
     args = p.parse_args(argv)
@@ -54,25 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     test = load_split(args.data, "test")
     train, val = training_split(args.data, args.val_size, args.seed)
     start = time.monotonic()
-    features = Features(train)
-    val_accuracy = {c: features.accuracy(c, val) for c in args.grid}
-    best_c = max(args.grid, key=lambda c: val_accuracy[c])
-    print("validation accuracy by C: " + ", ".join(f"{c:g}: {a:.4f}" for c, a in val_accuracy.items()), flush=True)
+    tuned = fit_baseline(train, val, tuple(args.grid))
+    print("validation accuracy by C: " + ", ".join(f"{c:g}: {a:.4f}" for c, a in tuned.validation_accuracy.items()))
+    full = load_split(args.data, "train")
     rows = {}
-    for name, c, fitted in (("C=1, train minus validation (same split as classify.train)", 1.0, features),
-                            (f"C={best_c:g} (tuned on validation), train minus validation", best_c, features),
-                            (f"C={best_c:g} (tuned on validation), all 25,000 train reviews", best_c, None)):
-        fitted = fitted or Features(load_split(args.data, "train"))
-        rows[name] = {"C": c, "train_examples": len(fitted.labels), "test_accuracy": fitted.accuracy(c, test)}
-        print(f"{name}: test accuracy {rows[name]['test_accuracy']:.4f}", flush=True)
+    for name, examples, baseline in (
+            ("C=1, train minus validation (same split as classify.train)", train, fit_baseline(train, None, (1.0,))),
+            (f"C={tuned.c:g} (tuned on validation), train minus validation", train, tuned),
+            (f"C={tuned.c:g} (tuned on validation), all 25,000 train reviews", full, fit_baseline(full, None, (tuned.c,)))):
+        accuracy = float((baseline.probabilities(test.texts, 2).argmax(1) == np.asarray(test.labels)).mean())
+        rows[name] = {"C": baseline.c, "train_examples": len(examples), "test_accuracy": accuracy}
+        print(f"{name}: test accuracy {accuracy:.4f}", flush=True)
     seconds = time.monotonic() - start
     args.results.mkdir(parents=True, exist_ok=True)
-    record = {"command": "python -m experiments.baseline " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-              "load_average_at_end": os.getloadavg(), "seconds_all_fits": round(seconds, 1),
+    record = {**experiment_meta("experiments.baseline", argv if argv is not None else sys.argv[1:]),
+              "seconds_all_fits": round(seconds, 1),
               "model": "TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2) + LogisticRegression(C, max_iter=1000)",
-              "validation_accuracy_by_C": {f"{c:g}": a for c, a in val_accuracy.items()}, "results": rows}
-    (args.results / "baseline.json").write_text(json.dumps(record, indent=2) + "\n")
+              "validation_accuracy_by_C": {f"{c:g}": a for c, a in tuned.validation_accuracy.items()}, "results": rows}
+    checkpoint.write_json(args.results / "baseline.json", record)
     return 0
 
 

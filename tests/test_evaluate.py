@@ -11,7 +11,7 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from classify.data import load_split, stratified_split, training_split
 from classify.errors import run_cli
-from classify.evaluate import bootstrap_accuracy, classification_metrics, expected_calibration_error, main
+from classify.evaluate import bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main
 from classify.report import md
 from conftest import synthetic_reviews, write_csv
 
@@ -42,6 +42,8 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
     assert metrics["systems"]["transformer"]["accuracy"] == pytest.approx(
         json.loads((trained_run / "test_metrics.json").read_text())["accuracy"], abs=0.02)
     assert metrics["baseline"]["training_examples"] == 320  # 400 training reviews minus --val-size 80
+    by_c = metrics["baseline"]["validation_accuracy_by_C"]  # C chosen on the run's 80 validation reviews
+    assert len(by_c) == 6 and by_c[f"{metrics['baseline']['C']:g}"] == max(by_c.values())
     assert len(metrics["accuracy_difference"]["ci95"]) == 2
     assert len(metrics["mistakes"]) <= 3 and all(m["label"] != m["predicted"] for m in metrics["mistakes"])
     assert metrics["training"]["evaluations"] == 4
@@ -97,6 +99,20 @@ def test_baseline_uses_exactly_the_runs_training_split(trained_run, parquet_data
     again, _ = training_split(str(parquet_data), 40, 3, limit=200)
     assert len(small) == 160 and len(small_val) == 40 and small.texts == again.texts
     assert not set(small.texts) & set(small_val.texts)
+
+
+def test_baseline_takes_the_c_most_accurate_on_validation(parquet_data):
+    train, val = training_split(str(parquet_data), 80, 0)
+    fitted = fit_baseline(train, val, (0.001, 1.0, 100.0))
+    assert set(fitted.validation_accuracy) == {0.001, 1.0, 100.0}
+    assert fitted.validation_accuracy[fitted.c] == max(fitted.validation_accuracy.values())
+    assert fitted.model[-1].C == fitted.c
+    probabilities = fitted.probabilities(val.texts, 2)  # the refitted model scores as its C did
+    assert probabilities.shape == (80, 2) and np.allclose(probabilities.sum(1), 1)
+    assert (probabilities.argmax(1) == np.asarray(val.labels)).mean() == fitted.validation_accuracy[fitted.c]
+    assert fit_baseline(train, None, (3.0,)).c == 3.0 and fit_baseline(train, None, (3.0,)).validation_accuracy == {}
+    with pytest.raises(ValueError, match="needs validation"):
+        fit_baseline(train, None, (1.0, 3.0))
 
 
 def test_labelled_file_limit_and_no_matplotlib(trained_run, tmp_path, capsys, monkeypatch):
