@@ -155,13 +155,13 @@ def load_model_weights(model: torch.nn.Module, path: str | Path, only: tuple[str
 
 
 def _tied_names(model: torch.nn.Module) -> set[str]:
-    """Parameter names that alias another parameter (saved once under the first name)."""
-    seen: dict[int, str] = {}
+    """Names under which ``model`` holds a tensor it already holds under an earlier name (tied weights)."""
+    seen: set[int] = set()
     tied = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if tensor.data_ptr() in seen:
+        if id(tensor) in seen:  # the same Parameter object, not merely the same address (empty tensors share 0)
             tied.add(name)
-        seen[tensor.data_ptr()] = name
+        seen.add(id(tensor))
     return tied
 
 

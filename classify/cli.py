@@ -57,9 +57,9 @@ class RunConfig:
     @classmethod
     def default(cls, name: str) -> Any:
         """The default of field ``name`` (what its flag defaults to)."""
-        default = next(f.default for f in fields(cls) if f.name == name)
+        default = next((f.default for f in fields(cls) if f.name == name), MISSING)
         if default is MISSING:
-            raise KeyError(f"{cls.__name__}.{name} has no default")
+            raise KeyError(f"{cls.__name__} has no field {name!r} with a default")
         return default
 
 
@@ -142,23 +142,28 @@ def runtime(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]
         if args.threads < 1:
             raise ClassifyError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    return device, autocast_dtype(device, args.precision)
+    try:
+        device = resolve_device(args.device)
+        return device, autocast_dtype(device, args.precision)
+    except (ValueError, RuntimeError) as err:  # e.g. torch's own message for a CUDA ordinal this machine lacks
+        raise ClassifyError(str(err).splitlines()[0]) from None
 
 
 def check_run_args(args: argparse.Namespace, positive: dict[str, float]) -> None:
     """One-line errors for the flags every trainer has, plus ``positive`` ({flag: value} that must be > 0)."""
-    positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads, "--d-ff": args.d_ff,
-                "--max-len": args.max_len, "--epochs": args.epochs, "--vocab-size": args.vocab_size,
-                "--lr": args.lr, "--save-every": args.save_every, **positive}
-    for flag, value in positive.items():
+    must_be_positive = {"--d-model": args.d_model, "--layers": args.layers, "--heads": args.heads,
+                        "--d-ff": args.d_ff, "--max-len": args.max_len, "--epochs": args.epochs,
+                        "--vocab-size": args.vocab_size, "--lr": args.lr, "--save-every": args.save_every, **positive}
+    if args.max_steps is not None:
+        must_be_positive["--max-steps"] = args.max_steps
+    for flag, value in must_be_positive.items():
         if value <= 0:
             raise ClassifyError(f"{flag} must be positive, got {value}")
     if args.d_model % args.heads:
         raise ClassifyError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
     if not 0.0 <= args.dropout < 1.0:
         raise ClassifyError(f"--dropout must be in [0, 1), got {args.dropout}")
-    for flag, value in (("--max-steps", args.max_steps), ("--warmup", args.warmup),
+    for flag, value in (("--warmup", args.warmup),
                         ("--time-budget", args.time_budget), ("--weight-decay", args.weight_decay),
                         ("--clip", args.clip)):
         if value is not None and value < 0:

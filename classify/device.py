@@ -38,6 +38,9 @@ def resolve_device(name: str = "auto") -> torch.device:
             raise ClassifyError("--device cuda was asked for but CUDA is not available on this machine")
         if device.index is None:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if device.index >= torch.cuda.device_count():
+            raise ClassifyError(f"CUDA device {device.index} was asked for but this machine has "
+                                f"{torch.cuda.device_count()} (use cuda:0 to cuda:{torch.cuda.device_count() - 1})")
         torch.cuda.set_device(device)
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ClassifyError("--device mps was asked for but MPS is not available on this machine")

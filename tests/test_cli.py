@@ -45,6 +45,7 @@ def test_stored_config_round_trips_the_parsed_flags():
     (["--warmup", "-5"], "--warmup must not be negative"),
     (["--lr", "0"], "--lr must be positive"),
     (["--layers", "0"], "--layers must be positive"),
+    (["--max-steps", "0"], "--max-steps must be positive"),
     (["--d-model", "30", "--heads", "4"], "not divisible"),
     (["--dropout", "1"], "--dropout must be in [0, 1)"),
 ])
@@ -54,6 +55,12 @@ def test_bad_run_flags_are_one_line_errors(module, flags, message, tmp_path, cap
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_config_default_names_a_missing_field():
+    assert train.TrainConfig.default("lr") == 1e-3
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        train.TrainConfig.default("nope")
 
 
 def test_time_budget_zero_is_allowed():

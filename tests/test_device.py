@@ -29,6 +29,14 @@ def test_impossible_requests_are_user_errors():
             resolve_device("cuda")
 
 
+def test_a_cuda_ordinal_the_machine_lacks_is_a_user_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set_device reached"))
+    with pytest.raises(ClassifyError, match="CUDA device 7 was asked for but this machine has 2"):
+        resolve_device("cuda:7")
+
+
 def test_to_device_nested_and_autocast_runs():
     cpu = torch.device("cpu")
     batch = {"tokens": torch.ones(2, 3), "meta": [torch.zeros(1), "keep"]}
