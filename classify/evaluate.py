@@ -146,7 +146,8 @@ def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] 
     """``baseline_model`` fitted on ``train``, with C the most accurate of ``grid`` on ``val`` (the
     same protocol as the transformer's own settings; scikit-learn's default C = 1 is a point worse on
     IMDB's test split). One C in ``grid`` needs no ``val``. The TF-IDF features are fitted once."""
-    if len(grid) > 1 and val is None:
+    grid = tuple(sorted(grid))  # ascending: of equally accurate Cs the first, most regularised, wins
+    if len(grid) > 1 and (val is None or len(val) == 0):
         raise ValueError("choosing C from a grid needs validation examples")
     model = baseline_model()
     features, labels = model[:-1].fit_transform([normalize(t) for t in train.texts]), np.asarray(train.labels)
@@ -156,12 +157,12 @@ def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] 
         for c in grid:
             model[-1].set_params(C=c).fit(features, labels)
             scores[c] = float((model[-1].predict(val_features) == np.asarray(val.labels)).mean())
-    c = max(grid, key=lambda c: scores.get(c, 0.0))  # the first of equals: the stronger regularisation
+    c = max(grid, key=lambda c: scores.get(c, 0.0))
     model[-1].set_params(C=c).fit(features, labels)
     return Baseline(model, c, scores)
 
 
-def run_training_data(config: dict[str, Any], source: str | None) -> tuple[Examples, Examples]:
+def run_training_split(config: dict[str, Any], source: str | None) -> tuple[Examples, Examples]:
     """The (train, validation) split a run was trained on, rebuilt from its config.json (``source``
     overrides where the data is, for data that moved)."""
     train = config.get("train") or {}
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     probabilities = {TRANSFORMER: probs / probs.sum(axis=1, keepdims=True)}
     if args.baseline:
         start = time.monotonic()
-        train, val = run_training_data(run.config, args.train_data)
+        train, val = run_training_split(run.config, args.train_data)
         console.print(f"baseline: TF-IDF + logistic regression on the run's {len(train)} training reviews, "
                       f"C chosen on its {len(val)} validation reviews")
         baseline = fit_baseline(train, val)
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         metrics["baseline"] = {"description": f"TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic "
                                               f"regression (C = {baseline.c:g}, the best on the run's validation "
-                                              f"split of {', '.join(f'{c:g}' for c in BASELINE_C_GRID)}), "
+                                              f"split of {', '.join(f'{c:g}' for c in baseline.validation_accuracy)}), "
                                               f"trained on the run's training split",
                                "training_examples": len(train), "C": baseline.c,
                                "validation_accuracy_by_C": {f"{c:g}": a for c, a in baseline.validation_accuracy.items()}}

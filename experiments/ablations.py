@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, run_training, train_command, write_results
+from .trainruns import evaluations, experiment_meta, run_training, shown, train_command, write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,21 +69,21 @@ def variants() -> list[tuple[str, str, list[str]]]:
     return chain
 
 
-def run_variant(name: str, flags: list[str], args: argparse.Namespace) -> dict:
+def run_variant(name: str, variant_flags: list[str], args: argparse.Namespace) -> dict:
     out = Path(args.runs) / name.replace("+", "plus-")
     flags = ["--data", args.data, "--overwrite", "--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
              "--max-len", str(args.max_len), "--batch-size", "32", "--val-size", str(args.val_size),
-             "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed), "--no-test", "--quiet", *flags]
+             "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed), "--no-test", "--quiet", *variant_flags]
     records = evaluations(out)
     finished = bool(records) and records[-1]["step"] == args.steps
     wall = None if args.reuse and finished else run_training(name, out, flags, args.threads)
     records = evaluations(out)
     best = max(records, key=lambda r: r["val_accuracy"])
-    return {"name": name, "flags": flags, "best_val_accuracy": best["val_accuracy"], "best_step": best["step"],
+    return {"name": name, "flags": variant_flags, "best_val_accuracy": best["val_accuracy"], "best_step": best["step"],
             "final_val_accuracy": records[-1]["val_accuracy"], "train_seconds": records[-1]["elapsed_s"],
-            "tokens_per_s": round(sorted(r["tokens_per_s"] for r in records)[len(records) // 2]),
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in records)),
             "wall_seconds": wall, "curve": [(r["step"], r["val_accuracy"]) for r in records],
-            "command": " ".join(train_command(out, flags)[1:])}
+            "command": shown(train_command(out, flags))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,16 +21,19 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, start_training, test_metrics, write_results
+from classify import checkpoint
+
+from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
+                        write_results)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Pretraining: no dropout (the model is far from overfitting 18M tokens) and 2k-token batches; both measured
-# faster per MLM-loss point on this CPU than the defaults (experiments/RESULTS_pretrain.md).
+# Pretraining: no dropout (the model is far from overfitting 18M tokens) and 2k-token batches (more, smaller
+# steps): the second recorded run fell further per minute than the first, defaults-based one, though under less
+# machine load (experiments/RESULTS_pretrain.md).
 PRETRAIN_RECIPE = ["--dropout", "0", "--max-tokens", "2048", "--warmup", "300", "--epochs", "4",
                    "--eval-every", "500", "--save-every", "200"]
 # Fine-tuning: between from-scratch (1e-3) and the BERT-style default (3e-4), short warmup for a short budget.
@@ -43,15 +46,9 @@ def snapshot_name(minutes: float) -> str:
     return f"pretrain-at-{minutes:g}min"
 
 
-def start_pretraining(run: Path, args: argparse.Namespace) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
-           "RAYON_NUM_THREADS": str(args.threads)}
-    command = [sys.executable, "-m", "classify.pretrain", "--data", args.data, "--output", str(run),
-               "--time-budget", str(args.pretrain_budget), "--threads", str(args.threads), "--quiet",
-               *PRETRAIN_RECIPE, *shlex.split(args.pretrain_args)]
-    run.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.with_suffix(".log"), "w") as log:
-        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+def pretrain_flags(args: argparse.Namespace) -> list[str]:
+    return ["--data", args.data, "--time-budget", str(args.pretrain_budget), "--threads", str(args.threads),
+            "--quiet", *PRETRAIN_RECIPE, *shlex.split(args.pretrain_args)]
 
 
 def copy_run(run: Path, to: Path) -> None:
@@ -61,35 +58,47 @@ def copy_run(run: Path, to: Path) -> None:
         shutil.copy2(run / name, to / name)
 
 
+def weights_saved(run: Path, records: list[dict]) -> bool:
+    """Whether ``model.safetensors`` already holds the best weights as of the newest evaluation record
+    (the trainer writes the record first, then, if the loss improved, the weights)."""
+    weights = run / checkpoint.WEIGHTS
+    if not weights.exists():
+        return False
+    if len(records) > 1 and records[-1]["val_loss"] >= min(r["val_loss"] for r in records[:-1]):
+        return True  # not an improvement: the saved weights are an earlier, better evaluation's
+    return weights.stat().st_mtime_ns >= (run / checkpoint.METRICS).stat().st_mtime_ns
+
+
 def pretrain_with_snapshots(run: Path, args: argparse.Namespace) -> None:
-    """Run the pretraining; copy it to ``snapshot_name(m)`` at its first evaluation after ``m`` minutes."""
-    process = start_pretraining(run, args)
+    """Run (or resume) the pretraining; copy it to ``snapshot_name(m)`` at its first evaluation after
+    ``m`` minutes. Only evaluations made by this process count: a finished run resumed is not copied."""
+    earlier = len(evaluations(run))
     pending = sorted(m for m in args.snapshots if not (run.parent / snapshot_name(m)).exists())
-    while process.poll() is None:
+    training = start_training("pretraining", run, pretrain_flags(args), args.threads, "classify.pretrain")
+    while training.process.poll() is None:
         records = evaluations(run)
-        if pending and records and records[-1]["elapsed_s"] / 60 >= pending[0]:
-            time.sleep(args.poll)  # an evaluation's weights are saved just after its record is written
+        if (pending and len(records) > earlier and records[-1]["elapsed_s"] / 60 >= pending[0]
+                and weights_saved(run, records)):
             copy_run(run, run.parent / snapshot_name(pending.pop(0)))
-        else:
-            time.sleep(args.poll)
-    if process.returncode != 0:
-        raise SystemExit(f"pretraining failed (exit {process.returncode}); see {run.with_suffix('.log')}")
+        time.sleep(args.poll)
+    training.wait()  # exits with the log's tail if the pretraining failed
     for minutes in pending:
         print(f"no snapshot at {minutes:g} min: the pretraining ended first", flush=True)
 
 
 def summarise(source: Path, finetuned: Path, flags: list[str]) -> dict:
-    test, curve, mlm = test_metrics(finetuned), evaluations(finetuned), evaluations(source)
+    test, curve = test_metrics(finetuned), evaluations(finetuned)
     if test is None:
         raise SystemExit(f"{finetuned} has no test_metrics.json (the fine-tuning has not finished)")
     best = max(curve, key=lambda r: r["val_accuracy"])
-    return {"pretraining_minutes": round(mlm[-1]["elapsed_s"] / 60, 1), "pretraining_steps": mlm[-1]["step"],
-            "mlm_val_loss": mlm[-1]["val_loss"], "mlm_val_masked_accuracy": mlm[-1]["val_accuracy"],
+    weights = min(evaluations(source), key=lambda r: r["val_loss"])  # the evaluation whose weights were fine-tuned
+    return {"pretraining_minutes": round(weights["elapsed_s"] / 60, 1), "pretraining_steps": weights["step"],
+            "mlm_val_loss": weights["val_loss"], "mlm_val_masked_accuracy": weights["val_accuracy"],
             "init_from": str(source), "run": str(finetuned), "test_accuracy": test["accuracy"],
             "test_loss": test["loss"], "best_val_accuracy": best["val_accuracy"], "best_step": best["step"],
             "finetune_steps": curve[-1]["step"], "finetune_minutes": round(curve[-1]["elapsed_s"] / 60, 1),
             "finetune_curve": [(r["step"], r["val_accuracy"]) for r in curve],
-            "command": " ".join(["python -m classify.train", *flags])}
+            "command": shown(train_command(finetuned, flags))}
 
 
 def references(results: Path) -> dict:
@@ -97,7 +106,7 @@ def references(results: Path) -> dict:
     out = {}
     if (results / "seeds.json").exists():
         seeds = json.loads((results / "seeds.json").read_text())
-        out["supervised_30min_seeds"] = seeds["test_accuracy"]
+        out["supervised_seeds"] = {**seeds["test_accuracy"], "time_budget": seeds["meta"]["time_budget"]}
     if (results / "baseline.json").exists():
         rows = json.loads((results / "baseline.json").read_text())["results"]
         out["tfidf"] = {name: row["test_accuracy"] for name, row in rows.items()}
@@ -116,17 +125,17 @@ def to_markdown(meta: dict, curve: list[dict], rows: list[dict], refs: dict) -> 
     lines += [f"| {r['pretraining_minutes']:g} ({r['pretraining_steps']}) | {r['mlm_val_loss']:.3f} | "
               f"{r['test_accuracy']:.4f} | {r['best_val_accuracy']:.4f} ({r['best_step']}) | "
               f"{r['finetune_minutes']} ({r['finetune_steps']}) |" for r in rows]
-    if "supervised_30min_seeds" in refs:
-        s = refs["supervised_30min_seeds"]
-        lines += ["", f"Supervised only, from scratch (experiments.seeds): test accuracy {s['mean']:.4f} ± "
-                      f"{s['std']:.4f} over {s['n']} seeds."]
+    if "supervised_seeds" in refs:
+        s = refs["supervised_seeds"]
+        lines += ["", f"Supervised only, from scratch, {s['time_budget']:g} min (experiments.seeds): test accuracy "
+                      f"{s['mean']:.4f} ± {s['std']:.4f} over {s['n']} seeds."]
     for name, accuracy in refs.get("tfidf", {}).items():
         lines.append(f"TF-IDF + logistic regression ({name}): test accuracy {accuracy:.4f}.")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.pretraining", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.pretraining", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=os.environ.get("CLASSIFY_DATA", "../shared/imdb"))
     p.add_argument("--pretrain-budget", type=float, default=95.0, help="minutes of pretraining")
@@ -137,44 +146,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     p.add_argument("--parallel", type=int, default=2, help="fine-tunings at a time")
     p.add_argument("--runs", default="experiments/runs/pretraining", help="where the run folders go")
-    p.add_argument("--results", default=str(RESULTS), help="where pretraining.json and .md go")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where pretraining.json and .md go")
     p.add_argument("--reuse", action="store_true",
-                   help="keep a pretraining run, snapshots and fine-tunings that already exist in --runs")
+                   help="keep what already exists in --runs: resume the pretraining (a finished one ends at once, "
+                        "after tokenizing), keep its snapshots and the finished fine-tunings; without it "
+                        "everything starts afresh")
     p.add_argument("--pretrain-args", default="", help="extra classify.pretrain flags (one quoted string)")
     p.add_argument("--finetune-args", default="", help="extra classify.train flags (one quoted string)")
     p.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)  # seconds; tests shorten it
     args = p.parse_args(argv)
+    if args.parallel < 1 or args.threads < 1:
+        p.error("--parallel and --threads must be at least 1")
 
     runs = Path(args.runs)
     pretrained = runs / "pretrain"
-    if not (args.reuse and (pretrained / "model.safetensors").exists()):
+    snapshots = [runs / snapshot_name(m) for m in sorted(args.snapshots)]
+
+    def finetuned(source: Path) -> Path:
+        return runs / f"finetune-{source.name}"
+
+    if not args.reuse:  # start afresh: this experiment's earlier folders go
+        for folder in (pretrained, *snapshots, *map(finetuned, [*snapshots, pretrained])):
+            shutil.rmtree(folder, ignore_errors=True)
+    if not (args.reuse and test_metrics(finetuned(pretrained)) is not None):  # else it finished long ago
         pretrain_with_snapshots(pretrained, args)
-    sources = [runs / snapshot_name(m) for m in sorted(args.snapshots) if (runs / snapshot_name(m)).exists()]
-    sources.append(pretrained)
+    sources = [*(s for s in snapshots if s.exists()), pretrained]
 
     def finetune_flags(source: Path) -> list[str]:
         return ["--data", args.data, "--init-from", str(source), "--time-budget", str(args.finetune_budget),
                 "--quiet", *FINETUNE_RECIPE, *shlex.split(args.finetune_args)]
 
-    def finetuned(source: Path) -> Path:
-        return runs / f"finetune-{source.name}"
-
     todo = [s for s in sources if not (args.reuse and test_metrics(finetuned(s)) is not None)]
     for i in range(0, len(todo), args.parallel):
-        group = [start_training(f"fine-tuning {s.name}", finetuned(s), finetune_flags(s), args.threads)
-                 for s in todo[i:i + args.parallel]]
-        for training in group:
-            training.wait()
+        wait_all([start_training(f"fine-tuning {s.name}", finetuned(s), finetune_flags(s), args.threads)
+                  for s in todo[i:i + args.parallel]])
 
-    rows = [summarise(s, finetuned(s), ["--output", str(finetuned(s)), *finetune_flags(s)]) for s in sources]
+    rows = [summarise(s, finetuned(s), finetune_flags(s)) for s in sources]
     curve = evaluations(pretrained)
-    results = Path(args.results)
-    refs = references(results)
+    refs = references(args.results)
     meta = {**experiment_meta("experiments.pretraining", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "pretrain_recipe": PRETRAIN_RECIPE, "finetune_recipe": FINETUNE_RECIPE,
             "pretrain_config": json.loads((pretrained / "config.json").read_text()),
             "median_pretrain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in curve[1:]) if curve[1:] else None}
-    write_results(results, "pretraining", {"meta": meta, "pretraining_curve": curve, "finetuned": rows,
+    write_results(args.results, "pretraining", {"meta": meta, "pretraining_curve": curve, "finetuned": rows,
                                            "references": refs}, to_markdown(meta, curve, rows, refs))
     return 0
 

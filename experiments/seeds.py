@@ -20,7 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from .trainruns import evaluations, experiment_meta, start_training, test_metrics, train_command, write_results
+from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
+                        write_results)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The 30-minute recipe: the defaults of classify.train, with attention dropout off, which makes training
@@ -43,7 +44,7 @@ def summarise(seed: int, run: Path, flags: list[str], wall: float | None) -> dic
             "train_minutes": round(records[-1]["elapsed_s"] / 60, 1),
             "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in records)),
             "wall_seconds": wall, "curve": [(r["step"], r["val_accuracy"]) for r in records],
-            "command": " ".join(train_command(run, flags)[1:])}
+            "command": shown(train_command(run, flags))}
 
 
 def spread(values: list[float]) -> dict:
@@ -70,7 +71,7 @@ def to_markdown(meta: dict, rows: list[dict], test: dict, val: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.seeds", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.seeds", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default=os.environ.get("CLASSIFY_DATA", "../shared/imdb"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -79,28 +80,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p.add_argument("--runs", default="experiments/runs/seeds", help="where the run folders seed<N> go")
     p.add_argument("--reuse", action="store_true",
-                   help="take seeds whose run folder already has a test evaluation from that folder")
-    p.add_argument("--results", default=str(RESULTS), help="where seeds.json and seeds.md go")
+                   help="keep the seeds whose run already finished (has a test evaluation) and resume unfinished "
+                        "ones; without it every seed trains afresh, replacing its run folder")
+    p.add_argument("--results", type=Path, default=RESULTS, help="where seeds.json and seeds.md go")
     args, extra = p.parse_known_args(argv)
     if args.parallel < 1 or args.threads < 1:
         p.error("--parallel and --threads must be at least 1")
+    if len(set(args.seeds)) < len(args.seeds):
+        p.error(f"--seeds has repeats: {args.seeds}")
 
     runs = {seed: Path(args.runs) / f"seed{seed}" for seed in args.seeds}
     todo = [s for s in args.seeds if not (args.reuse and test_metrics(runs[s]) is not None)]
     walls: dict[int, float | None] = dict.fromkeys(args.seeds)
+    fresh = [] if args.reuse else ["--overwrite"]
     for i in range(0, len(todo), args.parallel):
-        group = [start_training(f"seed {s}", runs[s], seed_flags(s, args, extra), args.threads)
-                 for s in todo[i:i + args.parallel]]
-        for seed, training in zip(todo[i:i + args.parallel], group):
-            walls[seed] = training.wait()
-            print(f"seed {seed}: done in {walls[seed] / 60:.1f} min", flush=True)
+        group = todo[i:i + args.parallel]
+        seconds = wait_all([start_training(f"seed {s}", runs[s], seed_flags(s, args, extra) + fresh, args.threads)
+                            for s in group])
+        for seed, wall in zip(group, seconds):
+            walls[seed] = wall
+            print(f"seed {seed}: done in {wall / 60:.1f} min", flush=True)
 
     rows = [summarise(s, runs[s], seed_flags(s, args, extra), walls[s]) for s in args.seeds]
     test = spread([r["test_accuracy"] for r in rows])
     val = spread([r["best_val_accuracy"] for r in rows])
     meta = {**experiment_meta("experiments.seeds", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "parallel": args.parallel, "time_budget": args.time_budget}
-    write_results(Path(args.results), "seeds", {"meta": meta, "test_accuracy": test, "best_val_accuracy": val,
+    write_results(args.results, "seeds", {"meta": meta, "test_accuracy": test, "best_val_accuracy": val,
                                                 "rows": rows}, to_markdown(meta, rows, test, val))
     return 0
 

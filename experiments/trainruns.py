@@ -18,40 +18,61 @@ from pathlib import Path
 from classify import checkpoint
 
 
-def train_command(output: Path, flags: list[str]) -> list[str]:
-    """argv of a ``classify.train`` run into ``output`` with ``flags``."""
-    return [sys.executable, "-m", "classify.train", "--output", str(output), *flags]
+def train_command(output: Path, flags: list[str], module: str = "classify.train") -> list[str]:
+    """argv of a ``python -m module`` run (``classify.train`` or ``classify.pretrain``) into ``output``."""
+    return [sys.executable, "-m", module, "--output", str(output), *flags]
+
+
+def shown(command: list[str]) -> str:
+    """A command as a user would type it (``python -m ...``)."""
+    return " ".join(["python", *command[1:]])
+
+
+def log_path(output: Path) -> Path:
+    """Where the output of the run in ``output`` goes: beside it, ``<name>.log`` (dots in the name kept)."""
+    return output.parent / f"{output.name}.log"
 
 
 @dataclass
 class Training:
-    """A ``classify.train`` process started by ``start_training``."""
+    """A training process started by ``start_training``."""
 
     name: str
     output: Path
     process: subprocess.Popen
     started: float
 
-    @property
-    def log(self) -> Path:
-        return self.output.with_suffix(".log")
-
     def wait(self) -> float:
         """Wait for the run to end; its wall seconds, or exit with the tail of its log if it failed."""
         if self.process.wait() != 0:
-            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
-            raise SystemExit(f"{self.name} failed (exit {self.process.returncode}); end of {self.log}:\n{tail}")
+            log = log_path(self.output)
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise SystemExit(f"{self.name} failed (exit {self.process.returncode}); end of {log}:\n{tail}")
         return round(time.monotonic() - self.started, 1)
 
 
-def start_training(name: str, output: Path, flags: list[str], threads: int) -> Training:
-    """Start a ``classify.train`` run limited to ``threads`` CPU threads, logging to ``output``.log."""
+def start_training(name: str, output: Path, flags: list[str], threads: int,
+                   module: str = "classify.train") -> Training:
+    """Start ``python -m module`` into ``output`` limited to ``threads`` CPU threads, logging to ``log_path``."""
     output.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "RAYON_NUM_THREADS": str(threads)}
-    with open(output.with_suffix(".log"), "w") as log:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(train_command(output, flags), env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path(output), "w") as log:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(train_command(output, flags, module), env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
     return Training(name, output, process, time.monotonic())
+
+
+def wait_all(group: list[Training]) -> list[float]:
+    """Wait for every run of ``group``; their wall seconds. If one fails, stop the others, then exit."""
+    try:
+        return [training.wait() for training in group]
+    except SystemExit:
+        for training in group:
+            if training.process.poll() is None:
+                training.process.terminate()
+                training.process.wait()
+        raise
 
 
 def run_training(name: str, output: Path, flags: list[str], threads: int) -> float:

@@ -111,8 +111,10 @@ def test_baseline_takes_the_c_most_accurate_on_validation(parquet_data):
     assert probabilities.shape == (80, 2) and np.allclose(probabilities.sum(1), 1)
     assert (probabilities.argmax(1) == np.asarray(val.labels)).mean() == fitted.validation_accuracy[fitted.c]
     assert fit_baseline(train, None, (3.0,)).c == 3.0 and fit_baseline(train, None, (3.0,)).validation_accuracy == {}
-    with pytest.raises(ValueError, match="needs validation"):
-        fit_baseline(train, None, (1.0, 3.0))
+    assert fit_baseline(train, val, (100.0, 1.0, 0.001)).c == fitted.c  # the grid's order does not matter
+    for no_validation in (None, val.subset([])):
+        with pytest.raises(ValueError, match="needs validation"):
+            fit_baseline(train, no_validation, (1.0, 3.0))
 
 
 def test_labelled_file_limit_and_no_matplotlib(trained_run, tmp_path, capsys, monkeypatch):

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 from conftest import TINY_MODEL_ARGS
 
-from experiments import ablations, baseline, pretraining, seeds
+from experiments import ablations, baseline, pretraining, seeds, trainruns
 
 
 def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parquet_data, tmp_path):
@@ -49,13 +53,46 @@ def test_pretraining_fine_tunes_each_snapshot_and_the_final_weights(parquet_data
     report = json.loads((results / "pretraining.json").read_text())
     rows = {Path(r["init_from"]).name: r for r in report["finetuned"]}
     assert set(rows) == {"pretrain-at-0min", "pretrain"}
-    assert rows["pretrain"]["pretraining_steps"] == 6
+    curve = report["pretraining_curve"]
+    best = min(curve, key=lambda r: r["val_loss"])  # the final weights are the best evaluation's
+    assert (rows["pretrain"]["pretraining_steps"], rows["pretrain"]["mlm_val_loss"]) == (best["step"], best["val_loss"])
     for source, row in rows.items():
         config = json.loads((runs / f"finetune-{source}" / "config.json").read_text())
         assert config["train"]["init_from"] == str(runs / source) and config["train"]["lr"] == 5e-4
         test = json.loads((runs / f"finetune-{source}" / "test_metrics.json").read_text())
         assert row["test_accuracy"] == test["accuracy"] and row["finetune_steps"] == 3
-    assert [r["step"] for r in report["pretraining_curve"]] == [0, 2, 4, 6]
+    assert [r["step"] for r in curve] == [0, 2, 4, 6]
+
+    # --reuse tabulates the finished experiment without pretraining or fine-tuning again
+    stamps = {f: f.stat().st_mtime_ns for f in runs.glob("*/model.safetensors")}
+    assert pretraining.main([*argv, "--reuse"]) == 0
+    assert {f: f.stat().st_mtime_ns for f in runs.glob("*/model.safetensors")} == stamps
+
+
+def test_spread_is_mean_sample_std_and_range():
+    assert seeds.spread([0.8, 0.9, 1.0]) == pytest.approx({"mean": 0.9, "std": 0.1, "min": 0.8, "max": 1.0, "n": 3})
+    assert seeds.spread([0.5]) == {"mean": 0.5, "std": 0.0, "min": 0.5, "max": 0.5, "n": 1}
+
+
+def test_repeated_seeds_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "0", "0"])
+    assert "repeats" in capsys.readouterr().err
+
+
+def test_a_failing_run_stops_the_rest_of_its_group(tmp_path):
+    def started(name: str, code: str) -> trainruns.Training:
+        output = tmp_path / name
+        with open(trainruns.log_path(output), "w") as log:
+            process = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+        return trainruns.Training(name, output, process, time.monotonic())
+
+    slow = started("slow.run", "import time; time.sleep(60)")
+    failing = started("fails", "print('bad flag'); raise SystemExit(2)")
+    with pytest.raises(SystemExit, match="fails failed \\(exit 2\\)[^\\n]*fails.log:\\nbad flag"):
+        trainruns.wait_all([failing, slow])
+    assert slow.process.poll() is not None  # terminated, not left running
+    assert trainruns.log_path(tmp_path / "slow.run") == tmp_path / "slow.run.log"
 
 
 def test_baseline_tunes_c_on_validation(parquet_data, tmp_path):
@@ -71,7 +108,7 @@ def test_baseline_tunes_c_on_validation(parquet_data, tmp_path):
     assert all(0.5 < row["test_accuracy"] <= 1 for row in report["results"].values())
 
 
-def test_ablation_chain_changes_one_thing_per_step_and_each_variant_trains_as_configured(parquet_data, tmp_path):
+def test_ablation_chain_differs_at_every_step_and_each_variant_trains_as_configured(parquet_data, tmp_path):
     chain = ablations.variants()
     assert chain[0][0] == "bloem" and "--no-padding-mask" in chain[0][2]
     assert all(before != after for (_, _, before), (_, _, after) in zip(chain, chain[1:]))
