@@ -323,7 +323,12 @@ def add_train_parser(sub) -> None:
     g.add_argument("--no-tie-embeddings", action="store_true",
                    help="separate decoder input embedding and output projection")
     g = p.add_argument_group("optimisation")
-    add_optimisation_args(g, Seq2SeqTrainConfig)
+    add_optimisation_args(
+        g, Seq2SeqTrainConfig,
+        time_budget="minutes of training (validation included); then stop cleanly. The learning-rate decay follows "
+                    "steps or time, whichever is further along, so a budgeted run ends decayed",
+        schedule="decay after warmup: cosine/linear reach zero at the end of --epochs (or --max-steps); "
+                 "inverse_sqrt (Noam) needs no end, for open-ended runs")
     g.add_argument("--max-tokens", type=int, default=default("max_tokens"),
                    help="token budget per batch (padded length of the longer side x sentences)")
     g.add_argument("--label-smoothing", type=float, default=default("label_smoothing"),
