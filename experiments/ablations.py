@@ -73,7 +73,8 @@ def run_variant(name: str, variant_flags: list[str], args: argparse.Namespace) -
     out = Path(args.runs) / name.replace("+", "plus-")
     flags = ["--data", args.data, "--overwrite", "--max-steps", str(args.steps), "--eval-every", str(args.eval_every),
              "--max-len", str(args.max_len), "--batch-size", "32", "--val-size", str(args.val_size),
-             "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed), "--no-test", "--quiet", *variant_flags]
+             "--lr", str(args.lr), "--warmup", "100", "--seed", str(args.seed), "--threads", str(args.threads),
+             "--no-test", "--quiet", *variant_flags]
     records = evaluations(out)
     finished = bool(records) and records[-1]["step"] == args.steps
     wall = None if args.reuse and finished else run_training(name, out, flags, args.threads)

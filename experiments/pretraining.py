@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def finetune_flags(source: Path) -> list[str]:
         return ["--data", args.data, "--init-from", str(source), "--time-budget", str(args.finetune_budget),
-                "--quiet", *FINETUNE_RECIPE, *shlex.split(args.finetune_args)]
+                "--threads", str(args.threads), "--quiet", *FINETUNE_RECIPE, *shlex.split(args.finetune_args)]
 
     todo = [s for s in sources if not (args.reuse and test_metrics(finetuned(s)) is not None)]
     for i in range(0, len(todo), args.parallel):

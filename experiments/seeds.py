@@ -30,8 +30,8 @@ RECIPE = ["--attention-dropout", "0", "--eval-every", "250"]
 
 
 def seed_flags(seed: int, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    return ["--data", args.data, "--seed", str(seed), "--time-budget", str(args.time_budget), "--quiet",
-            *RECIPE, *extra]
+    return ["--data", args.data, "--seed", str(seed), "--time-budget", str(args.time_budget),
+            "--threads", str(args.threads), "--quiet", *RECIPE, *extra]
 
 
 def summarise(seed: int, run: Path, flags: list[str], wall: float | None) -> dict:

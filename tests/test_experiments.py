@@ -27,6 +27,7 @@ def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parq
     for row in rows:
         config = json.loads((runs / f"seed{row['seed']}" / "config.json").read_text())
         assert config["train"]["seed"] == row["seed"] and config["train"]["time_budget"] == 5
+        assert config["train"]["threads"] == 1  # the thread limit is recorded with the run
         assert config["model"]["attention_dropout"] == 0.0  # the recipe reached classify.train
         test = json.loads((runs / f"seed{row['seed']}" / "test_metrics.json").read_text())
         assert row["test_accuracy"] == test["accuracy"] and row["steps"] == 4
