@@ -171,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
             # Asking whether any row is empty costs a host sync on a GPU (a stall per attention call), so
-            # there the fix-up below always runs (a no-op without empty rows); on the CPU the check is free.
+            # there the fix-up below always runs (a no-op without empty rows); on the CPU the check is cheap.
             if q.device.type != "cpu" or not bool(has_key.all()):
                 # Let empty rows attend everywhere (finite result), then zero them below.
                 empty_rows = ~has_key
