@@ -25,11 +25,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import checkpoint
+from .cli import HelpFormatter, add_runtime_args
 from .data import Examples, default_source, load_split, normalize, training_split
-from .device import PRECISIONS
 from .errors import ClassifyError, run_cli
 from .inference import encode_texts, predict_ids
-from .cli import HelpFormatter
 from .predict import open_run, progress_bar
 from .report import print_summary, write_markdown, write_plots
 
@@ -199,9 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
     p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast dtype; auto = bf16 where supported, else fp16 on CUDA, else fp32")
+    add_runtime_args(p)
     p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
@@ -213,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) <= 0:
             raise ClassifyError(f"--{flag.replace('_', '-')} must be positive")
     console = Console(stderr=True, quiet=args.quiet)
-    run, device, dtype = open_run(args.model, args.device, args.precision, console)
+    run, device, dtype = open_run(args.model, args, console)
     source = args.data or (run.config.get("train") or {}).get("data") or default_source()
     data = load_split(source, args.split, num_classes=len(run.labels))
     rows = np.arange(len(data))

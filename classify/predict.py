@@ -34,9 +34,8 @@ from rich.table import Table
 from rich.text import Text
 
 from . import checkpoint
-from .cli import HelpFormatter
+from .cli import HelpFormatter, add_runtime_args, runtime
 from .data import normalize
-from .device import PRECISIONS, autocast_dtype, resolve_device
 from .errors import ClassifyError, run_cli
 from .explain import Explanation, explain, to_html, to_rich
 from .inference import KIND, LoadedRun, encode_texts, load_run, predict_ids
@@ -67,14 +66,11 @@ def newest_run(root: Path = RUNS_DIR) -> Path:
                         f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
 
 
-def open_run(model: str | None, device_name: str, precision: str,
+def open_run(model: str | None, args: argparse.Namespace,
              console: Console) -> tuple[LoadedRun, torch.device, torch.dtype | None]:
-    """Device, autocast dtype and the run (``model`` or the newest one), announced on ``console``."""
-    try:
-        device = resolve_device(device_name)
-        dtype = autocast_dtype(device, precision)
-    except (ValueError, RuntimeError) as err:
-        raise ClassifyError(str(err)) from None
+    """Apply the runtime flags (``cli.runtime``: --threads, --device, --precision) and load the run
+    (``model`` or the newest one), announced on ``console``."""
+    device, dtype = runtime(args)
     path = Path(model) if model is not None else newest_run()
     run = load_run(path, device)
     how = "" if model is not None else f" (the newest run under {RUNS_DIR}/; choose another with --model)"
@@ -321,9 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="format of --file and stdin; auto = by extension (stdin: text)")
     g = p.add_argument_group("model")
     g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {checkpoint.WEIGHTS})")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    g.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast dtype; auto = bf16 where supported, else fp16 on CUDA, else fp32")
+    add_runtime_args(g)
     g.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true",
@@ -352,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     explaining = args.explain or args.explain_html is not None
     console = Console(stderr=True, quiet=args.quiet)
     inputs = open_inputs(args.texts, args.file, args.format, sys.stdin)
-    run, device, dtype = open_run(args.model, args.device, args.precision, console)
+    run, device, dtype = open_run(args.model, args, console)
     for note in inputs.notes:
         console.print(f"note: {escape(note)}")
 
