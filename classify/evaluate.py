@@ -115,15 +115,15 @@ def confident_mistakes(data: Examples, rows: np.ndarray, probs: np.ndarray, labe
 BASELINE_C_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # IMDB picks 30 (experiments/results/baseline.json)
 
 
-def baseline_model(c: float = 1.0) -> Any:
+def baseline_model() -> Any:
     """The bag-of-words baseline, unfitted: TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic
-    regression with inverse regularisation strength ``c``. Fit it on ``normalize``d texts."""
+    regression (C set by ``fit_baseline``). Fit it on ``normalize``d texts."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
     return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2),
-                         LogisticRegression(C=c, max_iter=1000))
+                         LogisticRegression(max_iter=1000))
 
 
 @dataclass
@@ -148,16 +148,18 @@ def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] 
     grid = tuple(sorted(grid))  # ascending: of equally accurate Cs the first, most regularised, wins
     if len(grid) > 1 and (val is None or len(val) == 0):
         raise ValueError("choosing C from a grid needs validation examples")
+    from sklearn.base import clone
+
     model = baseline_model()
     features, labels = model[:-1].fit_transform([normalize(t) for t in train.texts]), np.asarray(train.labels)
+    fitted = {c: clone(model[-1]).set_params(C=c).fit(features, labels) for c in grid}
     scores: dict[float, float] = {}
     if len(grid) > 1:
         val_features = model[:-1].transform([normalize(t) for t in val.texts])
-        for c in grid:
-            model[-1].set_params(C=c).fit(features, labels)
-            scores[c] = float((model[-1].predict(val_features) == np.asarray(val.labels)).mean())
+        scores = {c: float((classifier.predict(val_features) == np.asarray(val.labels)).mean())
+                  for c, classifier in fitted.items()}
     c = max(grid, key=lambda c: scores.get(c, 0.0))
-    model[-1].set_params(C=c).fit(features, labels)
+    model.steps[-1] = (model.steps[-1][0], fitted[c])  # the chosen classifier, not fitted again
     return Baseline(model, c, scores)
 
 

@@ -3,8 +3,8 @@
     python -m experiments.baseline --data ../shared/imdb
 
 Two versions of ``classify.evaluate``'s baseline model, both scored once on the official 25,000-review
-test split: with scikit-learn's default regularisation (C = 1, what ``classify.evaluate --baseline``
-uses), and with C chosen on the validation split from ``--grid``, a fairer bar for a model whose own
+test split: with scikit-learn's default regularisation (C = 1), and with C chosen on the validation
+split from ``--grid`` (what ``classify.evaluate --baseline`` does), a fairer bar for a model whose own
 settings were chosen on validation. Each is fitted on the training split classify.train uses by
 default (25,000 train reviews minus the 2,500 seeded, stratified validation reviews); the tuned one
 is also refitted on all 25,000 for reference. Results: experiments/results/baseline.json.
