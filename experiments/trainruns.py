@@ -15,7 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from classify import checkpoint
+from classify.device import bf16_supported
 
 
 def train_command(output: Path, flags: list[str], module: str = "classify.train") -> list[str]:
@@ -93,10 +96,12 @@ def test_metrics(run: Path) -> dict | None:
 
 
 def experiment_meta(prog: str, argv: list[str]) -> dict:
-    """What every experiment records about its own run: command, date, machine and its load."""
+    """What every experiment records about its own run: command, date, machine (and whether its CPU
+    has bf16, which ``--precision auto`` follows) and its load."""
     return {"command": " ".join([f"python -m {prog}", *argv]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "bf16": bf16_supported(torch.device("cpu")),
             "load_average_at_end": os.getloadavg()}
 
 
