@@ -33,24 +33,30 @@ from .batching import pad_batch
 MAX_VOCAB = 2_097_150
 
 
+def ngram_slots_by_order(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int) -> list[Tensor]:
+    """tokens (B, T) -> for n = 1..``orders``, the slot of the n-gram starting at each position, (B, T-n+1);
+    ``buckets`` (the padding slot) where the n-gram would include padding."""
+    digits = tokens.long() + 1                            # 0 stays free for "no token"
+    real = tokens != pad_id
+    base = vocab_size + 1
+    length = tokens.shape[1]
+    code, ok = torch.zeros_like(digits), torch.ones_like(real)
+    slots = []
+    for n in range(min(orders, length)):
+        # code[:, i] = the n-gram starting at i: digits[i] + base * digits[i+1] + base**2 * digits[i+2] ...
+        code = code[:, : length - n] + base ** n * digits[:, n:]
+        ok = ok[:, : length - n] & real[:, n:]
+        slots.append(torch.where(ok, code % buckets, buckets))
+    return slots
+
+
 def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int) -> Tensor:
     """tokens (B, T) -> hashed n-gram slots (B, L), L = T + (T-1) + ... for orders 1..``orders``.
 
     Each row holds every distinct slot once, sorted; the rest of the row is ``buckets`` (the
     padding slot). Padding tokens never enter an n-gram.
     """
-    digits = tokens.long() + 1                            # 0 stays free for "no token"
-    real = tokens != pad_id
-    base = vocab_size + 1
-    length = tokens.shape[1]
-    code, ok = torch.zeros_like(digits), torch.ones_like(real)
-    grams = []
-    for n in range(min(orders, length)):
-        # code[:, i] = the n-gram starting at i: digits[i] + base * digits[i+1] + base**2 * digits[i+2] ...
-        code = code[:, : length - n] + base ** n * digits[:, n:]
-        ok = ok[:, : length - n] & real[:, n:]
-        grams.append(torch.where(ok, code % buckets, buckets))
-    slots = torch.cat(grams, dim=1).sort(dim=1).values    # (B, L)
+    slots = torch.cat(ngram_slots_by_order(tokens, pad_id, vocab_size, orders, buckets), dim=1).sort(dim=1).values
     repeated = torch.zeros_like(slots, dtype=torch.bool)
     repeated[:, 1:] = slots[:, 1:] == slots[:, :-1]
     return slots.masked_fill(repeated, buckets)
@@ -70,6 +76,26 @@ class NgramBag(nn.Module):
 
     def slots(self, tokens: Tensor) -> Tensor:
         return ngram_ids(tokens, self.pad_id, self.vocab_size, self.orders, self.buckets)
+
+    @torch.no_grad()
+    def token_contributions(self, ids: list[int], direction: Tensor) -> np.ndarray:
+        """Each token's share of ``direction . (logits - bias)`` for one review (ids, unpadded) -> (T,).
+
+        The branch is a sum over distinct slots, so this is exact: a slot's value is split equally
+        over the tokens of all its occurrences (an n-gram seen twice counts once, as in ``forward``).
+        """
+        by_order = ngram_slots_by_order(torch.tensor([ids]), self.pad_id, self.vocab_size, self.orders, self.buckets)
+        value = (self.weight.float() @ direction.float().cpu()) * self.scale.float()   # (buckets + 1,)
+        occurrences: dict[int, list[tuple[int, int]]] = {}
+        for n, slots in enumerate(by_order, start=1):
+            for start, slot in enumerate(slots[0].tolist()):
+                if slot != self.buckets:
+                    occurrences.setdefault(slot, []).append((start, n))
+        shares = np.zeros(len(ids))
+        for slot, where in occurrences.items():
+            for start, n in where:
+                shares[start : start + n] += float(value[slot]) / (len(where) * n)
+        return shares
 
     def forward(self, tokens: Tensor) -> Tensor:
         slots = self.slots(tokens)                                          # (B, L)

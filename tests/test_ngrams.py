@@ -129,3 +129,16 @@ def test_branch_weights_round_trip_and_older_configs_load_without_a_branch(tmp_p
     old = {k: v for k, v in model.config.to_dict().items() if not k.startswith("ngram")}
     plain = Classifier(ClassifierConfig.from_dict(old))
     assert plain.ngram is None and "mix" not in plain.state_dict()
+
+
+def test_token_contributions_add_up_to_the_branch_logit_difference():
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    with torch.no_grad():
+        bag.weight.normal_()
+        bag.scale.uniform_(0.5, 2.0)
+    review = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4, 1, 5]         # repeated n-grams count once
+    direction = torch.tensor([-1.0, 1.0])
+    shares = bag.token_contributions(review, direction)
+    assert shares.shape == (len(review),)
+    expected = float((bag(torch.tensor([review]))[0] - bag.bias) @ direction)
+    assert abs(shares.sum() - expected) < 1e-4
