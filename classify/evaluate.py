@@ -32,7 +32,7 @@ from .inference import encode_texts, predict_ids
 from .predict import open_run, progress_bar
 from .report import print_summary, write_markdown, write_plots
 
-TRANSFORMER, BASELINE = "transformer", "baseline"
+TRANSFORMER = "transformer"
 MISTAKE_CHARS = 2000  # text kept per confident mistake in metrics.json / report.md
 
 
@@ -77,7 +77,7 @@ def classification_metrics(y: np.ndarray, probs: np.ndarray, labels: list[str], 
 
 
 def bootstrap_accuracy(correct: dict[str, np.ndarray], resamples: int, seed: int) -> dict[str, list[float]]:
-    """Percentile 95% intervals for each system's accuracy and, for two systems, their difference.
+    """Percentile 95% intervals for each system's accuracy and for the first system minus each other one.
 
     Paired: every resample draws the same review indices for all systems. Vectorised over
     blocks of resamples so memory stays at ~100 x N indices."""
@@ -90,8 +90,8 @@ def bootstrap_accuracy(correct: dict[str, np.ndarray], resamples: int, seed: int
         for name in names:
             samples[name].append(correct[name][idx].mean(axis=1))
     stacked = {name: np.concatenate(s) for name, s in samples.items()}
-    if len(names) == 2:
-        stacked[f"{names[0]} - {names[1]}"] = stacked[names[0]] - stacked[names[1]]
+    for other in names[1:]:
+        stacked[f"{names[0]} - {other}"] = stacked[names[0]] - stacked[other]
     return {name: np.percentile(s, [2.5, 97.5]).round(6).tolist() for name, s in stacked.items()}
 
 
@@ -111,17 +111,51 @@ def confident_mistakes(data: Examples, rows: np.ndarray, probs: np.ndarray, labe
     return mistakes
 
 
-# ------------------------------------------------------------------------- baseline
-BASELINE_C_GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # IMDB picks 30 (experiments/results/baseline.json)
+# ------------------------------------------------------------------------ baselines
+@dataclass(frozen=True)
+class BaselineKind:
+    description: str
+    grid: tuple[float, ...]   # the Cs tried on validation
 
 
-def baseline_model() -> Any:
-    """The bag-of-words baseline, unfitted: TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic
-    regression (C set by ``fit_baseline``). Fit it on ``normalize``d texts."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+BASELINES = {
+    # IMDB picks C = 30 (experiments/results/baseline.json).
+    "tfidf": BaselineKind("TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic regression",
+                          (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)),
+    # NBSVM (Wang & Manning 2012) with a logistic regression: the strongest bag-of-n-grams model measured here.
+    "nbsvm": BaselineKind("naive-Bayes-weighted binary word 1-3 grams + logistic regression (NBSVM-style)",
+                          (0.1, 0.3, 1.0, 3.0)),
+}
+BASELINE_C_GRID = BASELINES["tfidf"].grid
+
+
+def _naive_bayes_scaler() -> Any:
+    """A scikit-learn transformer: binary n-gram counts -> counts times their naive-Bayes log-count ratio."""
+    from sklearn.base import BaseEstimator, TransformerMixin
+
+    from .ngrams import naive_bayes_ratios
+
+    class NaiveBayesScaler(TransformerMixin, BaseEstimator):
+        def fit(self, features, labels):
+            self.ratios_ = naive_bayes_ratios(features, np.asarray(labels))
+            return self
+
+        def transform(self, features):
+            return features.multiply(self.ratios_).tocsr()
+
+    return NaiveBayesScaler()
+
+
+def baseline_model(kind: str = "tfidf") -> Any:
+    """A bag-of-n-grams baseline (``BASELINES``), unfitted, C set by ``fit_baseline``. Fit it on
+    ``normalize``d texts."""
+    from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
+    if kind == "nbsvm":
+        return make_pipeline(CountVectorizer(ngram_range=(1, 3), binary=True, token_pattern=r"(?u)\b\w+\b|[!?]"),
+                             _naive_bayes_scaler(), LogisticRegression(solver="liblinear", max_iter=1000))
     return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2),
                          LogisticRegression(max_iter=1000))
 
@@ -130,6 +164,7 @@ def baseline_model() -> Any:
 class Baseline:
     """A fitted ``baseline_model``, its C, and the validation accuracy of each C tried."""
 
+    kind: str
     model: Any
     c: float
     validation_accuracy: dict[float, float]
@@ -141,17 +176,20 @@ class Baseline:
         return probs
 
 
-def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] = BASELINE_C_GRID) -> Baseline:
-    """``baseline_model`` fitted on ``train``, with C the most accurate of ``grid`` on ``val`` (the
-    same protocol as the transformer's own settings; scikit-learn's default C = 1 is a point worse on
-    IMDB's test split). One C in ``grid`` needs no ``val``. The TF-IDF features are fitted once."""
-    grid = tuple(sorted(grid))  # ascending: of equally accurate Cs the first, most regularised, wins
+def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] | None = None,
+                 kind: str = "tfidf") -> Baseline:
+    """``baseline_model(kind)`` fitted on ``train``, with C the most accurate of ``grid`` (default: the
+    kind's) on ``val`` (the same protocol as the transformer's own settings; scikit-learn's default C = 1
+    is a point worse for TF-IDF on IMDB's test split). One C in ``grid`` needs no ``val``. The features
+    are fitted once."""
+    grid = tuple(sorted(grid or BASELINES[kind].grid))  # ascending: of equally accurate Cs the first wins
     if len(grid) > 1 and (val is None or len(val) == 0):
         raise ValueError("choosing C from a grid needs validation examples")
     from sklearn.base import clone
 
-    model = baseline_model()
-    features, labels = model[:-1].fit_transform([normalize(t) for t in train.texts]), np.asarray(train.labels)
+    model = baseline_model(kind)
+    labels = np.asarray(train.labels)
+    features = model[:-1].fit_transform([normalize(t) for t in train.texts], labels)
     fitted = {c: clone(model[-1]).set_params(C=c).fit(features, labels) for c in grid}
     scores: dict[float, float] = {}
     if len(grid) > 1:
@@ -160,7 +198,7 @@ def fit_baseline(train: Examples, val: Examples | None, grid: tuple[float, ...] 
                   for c, classifier in fitted.items()}
     c = max(grid, key=lambda c: scores.get(c, 0.0))
     model.steps[-1] = (model.steps[-1][0], fitted[c])  # the chosen classifier, not fitted again
-    return Baseline(model, c, scores)
+    return Baseline(kind, model, c, scores)
 
 
 def run_training_split(config: dict[str, Any], source: str | None) -> tuple[Examples, Examples]:
@@ -193,9 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", help="split of --data to evaluate on")
     p.add_argument("--output", help="report folder (default: RUN/eval-SPLIT)")
     p.add_argument("--limit", type=int, help="evaluate a seeded random sample of N reviews (quick looks)")
-    p.add_argument("--baseline", action="store_true",
-                   help="also train TF-IDF + logistic regression on the run's training split (C chosen on its "
-                        "validation split) and compare")
+    p.add_argument("--baseline", nargs="*", choices=sorted(BASELINES), metavar="KIND",
+                   help="also train bag-of-n-grams baselines on the run's training split (C chosen on its validation "
+                        "split) and compare: tfidf (TF-IDF 1-2 grams + logistic regression), nbsvm (naive-Bayes-"
+                        "weighted 1-3 grams + logistic regression); the flag alone trains both")
     p.add_argument("--train-data", help="where the run's training data is now, for --baseline (default: the "
                                         "source in the run's config.json)")
     p.add_argument("--bins", type=int, default=10, help="equal-width bins for ECE and the reliability curve")
@@ -236,14 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     seconds = {TRANSFORMER: round(time.monotonic() - start, 2)}
     probs = probs.astype(np.float64)  # renormalised in float64: sklearn checks rows sum to 1 within 1e-8
     probabilities = {TRANSFORMER: probs / probs.sum(axis=1, keepdims=True)}
-    if args.baseline:
-        start = time.monotonic()
+    kinds = [] if args.baseline is None else (args.baseline or list(BASELINES))
+    baselines: dict[str, Baseline] = {}
+    if kinds:
         train, val = run_training_split(run.config, args.train_data)
-        console.print(f"baseline: TF-IDF + logistic regression on the run's {len(train)} training reviews, "
-                      f"C chosen on its {len(val)} validation reviews")
-        baseline = fit_baseline(train, val)
-        probabilities[BASELINE] = baseline.probabilities(data.texts, len(run.labels))
-        seconds[BASELINE] = round(time.monotonic() - start, 2)
+    for kind in dict.fromkeys(kinds):
+        start = time.monotonic()
+        console.print(f"baseline {kind}: {BASELINES[kind].description}, on the run's {len(train)} training "
+                      f"reviews, C chosen on its {len(val)} validation reviews")
+        baselines[kind] = fit_baseline(train, val, kind=kind)
+        probabilities[kind] = baselines[kind].probabilities(data.texts, len(run.labels))
+        seconds[kind] = round(time.monotonic() - start, 2)
 
     systems = {name: classification_metrics(y, p, run.labels, args.bins) for name, p in probabilities.items()}
     intervals = bootstrap_accuracy({name: (p.argmax(axis=1) == y).astype(np.float64)
@@ -255,20 +297,20 @@ def main(argv: list[str] | None = None) -> int:
         "limit": args.limit, "labels": run.labels, "bins": args.bins, "bootstrap_resamples": args.bootstrap,
         "seed": args.seed, "systems": systems, "seconds": seconds,
     }
-    if args.baseline:
-        metrics["baseline"] = {"description": f"TF-IDF (word 1-2 grams, sublinear tf, min_df 2) + logistic "
-                                              f"regression (C = {baseline.c:g}, the best on the run's validation "
-                                              f"split of {', '.join(f'{c:g}' for c in baseline.validation_accuracy)}), "
-                                              f"trained on the run's training split",
-                               "training_examples": len(train), "C": baseline.c,
-                               "validation_accuracy_by_C": {f"{c:g}": a for c, a in baseline.validation_accuracy.items()}}
-        metrics["accuracy_difference"] = {
-            "transformer_minus_baseline": systems[TRANSFORMER]["accuracy"] - systems[BASELINE]["accuracy"],
-            "ci95": intervals[f"{TRANSFORMER} - {BASELINE}"]}
+    if baselines:
+        metrics["baselines"] = {
+            kind: {"description": f"{BASELINES[kind].description} (C = {b.c:g}, the best on the run's validation "
+                                  f"split of {', '.join(f'{c:g}' for c in b.validation_accuracy)}), trained on the "
+                                  f"run's training split",
+                   "training_examples": len(train), "C": b.c,
+                   "validation_accuracy_by_C": {f"{c:g}": a for c, a in b.validation_accuracy.items()},
+                   "transformer_minus_baseline": systems[TRANSFORMER]["accuracy"] - systems[kind]["accuracy"],
+                   "difference_ci95": intervals[f"{TRANSFORMER} - {kind}"]}
+            for kind, b in baselines.items()}
     metrics["mistakes"] = confident_mistakes(data, rows, probabilities[TRANSFORMER], run.labels, args.mistakes)
-    if args.baseline:
-        metrics["baseline_mistakes"] = confident_mistakes(data, rows, probabilities[BASELINE], run.labels,
-                                                          args.mistakes)
+    if baselines:
+        metrics["baseline_mistakes"] = {kind: confident_mistakes(data, rows, probabilities[kind], run.labels,
+                                                                 args.mistakes) for kind in baselines}
     history = _training_history(run.path, console)
     metrics["training"] = _training_summary(history)
 

@@ -48,10 +48,9 @@ def print_summary(console: Console, metrics: dict[str, Any]) -> None:
     for name in metrics["labels"]:
         table.add_row(f"F1 {escape(name)}", *(_number(m["per_class"][name]["f1"]) for m in systems.values()))
     console.print(table)
-    if "accuracy_difference" in metrics:
-        diff = metrics["accuracy_difference"]
-        lo, hi = diff["ci95"]
-        console.print(f"transformer - baseline accuracy: {diff['transformer_minus_baseline']:+.4f} "
+    for kind, baseline in metrics.get("baselines", {}).items():
+        lo, hi = baseline["difference_ci95"]
+        console.print(f"transformer - {kind} accuracy: {baseline['transformer_minus_baseline']:+.4f} "
                       f"(95% CI {lo:+.4f} to {hi:+.4f})")
 
 
@@ -78,17 +77,15 @@ def write_markdown(path: Path, metrics: dict[str, Any]) -> None:
              f"Model `{metrics['model']}`, data `{metrics['data']}` split `{metrics['split']}`: "
              f"{metrics['examples']} reviews" + (f" (a seeded sample, --limit {metrics['limit']})"
                                                  if metrics.get("limit") else "") + ".", ""]
-    if "baseline" in metrics:
-        lines += [f"Baseline: {metrics['baseline']['description']} "
-                  f"({metrics['baseline']['training_examples']} reviews).", ""]
+    for kind, baseline in metrics.get("baselines", {}).items():
+        lines += [f"Baseline {kind}: {baseline['description']} ({baseline['training_examples']} reviews).", ""]
     lines += ["## Metrics", ""]
     rows = [["accuracy (95% bootstrap CI)", *(_accuracy(m) for m in systems.values())]]
     rows += [[label, *(_number(m[key]) for m in systems.values())] for key, label in ROWS]
     lines += _table(["metric", *names], rows)
-    if "accuracy_difference" in metrics:
-        diff = metrics["accuracy_difference"]
-        lo, hi = diff["ci95"]
-        lines += [f"Accuracy difference, transformer - baseline: {diff['transformer_minus_baseline']:+.4f} "
+    for kind, baseline in metrics.get("baselines", {}).items():
+        lo, hi = baseline["difference_ci95"]
+        lines += [f"Accuracy difference, transformer - {kind}: {baseline['transformer_minus_baseline']:+.4f} "
                   f"(paired bootstrap 95% CI {lo:+.4f} to {hi:+.4f}).", ""]
     lines += [f"ECE: top-label expected calibration error over {metrics['bins']} equal-width confidence bins. "
               f"CIs: {metrics['bootstrap_resamples']} bootstrap resamples, seed {metrics['seed']}.", ""]
@@ -125,13 +122,11 @@ def write_markdown(path: Path, metrics: dict[str, Any]) -> None:
     else:
         lines += ["No plots (matplotlib is not installed: `pip install classify[plots]`).", ""]
 
-    for key, title in (("mistakes", "transformer"), ("baseline_mistakes", "baseline")):
-        if key not in metrics:
-            continue
+    for title, mistakes in (("transformer", metrics["mistakes"]), *metrics.get("baseline_mistakes", {}).items()):
         lines += [f"## Most confident mistakes ({title})", ""]
-        if not metrics[key]:
+        if not mistakes:
             lines += ["None.", ""]
-        for n, m in enumerate(metrics[key], 1):
+        for n, m in enumerate(mistakes, 1):
             lines += [f"{n}. row {m['row']}: true **{md(m['label'])}**, predicted **{md(m['predicted'])}** "
                       f"with p = {m['probability']:.4f}", "", f"   > {md(m['text'])}", ""]
     checkpoint.write_text(path, "\n".join(lines))

@@ -32,7 +32,7 @@ def report(trained_run, tmp_path_factory) -> Path:
 def test_report_files_are_written_and_well_formed(report, trained_run):
     metrics = json.loads((report / "metrics.json").read_text())
     assert metrics["examples"] == 200 and metrics["split"] == "test" and metrics["labels"] == ["neg", "pos"]
-    assert set(metrics["systems"]) == {"transformer", "baseline"}
+    assert list(metrics["systems"]) == ["transformer", "tfidf", "nbsvm"]
     for system in metrics["systems"].values():
         assert {"accuracy", "accuracy_ci95", "precision_macro", "recall_macro", "f1_macro", "per_class", "roc_auc",
                 "log_loss", "ece", "confusion_matrix", "reliability"} <= set(system)
@@ -43,10 +43,15 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
     # The transformer matches the accuracy train.py measured on the same test split.
     assert metrics["systems"]["transformer"]["accuracy"] == pytest.approx(
         json.loads((trained_run / "test_metrics.json").read_text())["accuracy"], abs=0.02)
-    assert metrics["baseline"]["training_examples"] == 320  # 400 training reviews minus --val-size 80
-    by_c = metrics["baseline"]["validation_accuracy_by_C"]  # C chosen on the run's 80 validation reviews
-    assert len(by_c) == 6 and by_c[f"{metrics['baseline']['C']:g}"] == max(by_c.values())
-    assert len(metrics["accuracy_difference"]["ci95"]) == 2
+    for kind, grid_size in (("tfidf", 6), ("nbsvm", 4)):
+        baseline = metrics["baselines"][kind]
+        assert baseline["training_examples"] == 320  # 400 training reviews minus --val-size 80
+        by_c = baseline["validation_accuracy_by_C"]  # C chosen on the run's 80 validation reviews
+        assert len(by_c) == grid_size and by_c[f"{baseline['C']:g}"] == max(by_c.values())
+        lo, hi = baseline["difference_ci95"]
+        assert lo <= baseline["transformer_minus_baseline"] <= hi
+        assert baseline["transformer_minus_baseline"] == (metrics["systems"]["transformer"]["accuracy"]
+                                                          - metrics["systems"][kind]["accuracy"])
     assert len(metrics["mistakes"]) <= 3 and all(m["label"] != m["predicted"] for m in metrics["mistakes"])
     assert metrics["training"]["evaluations"] == 4
 
@@ -56,9 +61,10 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
         assert (report / name).read_bytes().startswith(PNG)
     text = (report / "report.md").read_text()
     for heading in ("## Metrics", "## Per class", "## Confusion matrices", "## Calibration",
-                    "## Most confident mistakes (transformer)", "## Most confident mistakes (baseline)"):
+                    "## Most confident mistakes (transformer)", "## Most confident mistakes (tfidf)",
+                    "## Most confident mistakes (nbsvm)", "Accuracy difference, transformer - nbsvm"):
         assert heading in text
-    assert "| metric | transformer | baseline |" in text and "](roc_curve.png)" in text
+    assert "| metric | transformer | tfidf | nbsvm |" in text and "](roc_curve.png)" in text
     assert not list(report.glob(".*.tmp")) and not list(trained_run.glob("eval-*"))
 
 
@@ -134,7 +140,7 @@ def test_labelled_file_limit_and_no_matplotlib(trained_run, tmp_path, capsys, mo
     assert main(["--model", str(trained_run), "--data", str(data), "--output", str(tmp_path / "r"),
                  "--limit", "40", "--bootstrap", "50"]) == 0
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
-    assert metrics["examples"] == 40 and metrics["plots"] == [] and "baseline" not in metrics
+    assert metrics["examples"] == 40 and metrics["plots"] == [] and "baselines" not in metrics
     assert all(0 <= m["row"] < 60 for m in metrics["mistakes"])
     assert "No plots" in (tmp_path / "r" / "report.md").read_text()
     out = capsys.readouterr()
