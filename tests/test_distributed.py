@@ -90,6 +90,7 @@ def twin_run(parquet_data, tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------ end to end
+@pytest.mark.slow
 def test_two_ranks_match_one_process_with_grad_accum(ddp_run, twin_run):
     for name in ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json"]:
         assert (ddp_run / name).exists(), name
@@ -127,6 +128,7 @@ def resumed_copy(crashed: Path, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_resume_on_two_ranks_is_exact(parquet_data, crashed_run, ddp_run, tmp_path):
     """Rank 0 alone reads last/: the others get its weights (DDP) and optimizer state (broadcast)."""
     out = resumed_copy(crashed_run, tmp_path)
@@ -136,6 +138,7 @@ def test_resume_on_two_ranks_is_exact(parquet_data, crashed_run, ddp_run, tmp_pa
     assert [r["step"] for r in checkpoint.read_jsonl(out / "metrics.jsonl")] == [8, 16, 24]
 
 
+@pytest.mark.slow
 def test_resume_on_one_process_with_the_same_batches_per_step_is_exact(parquet_data, crashed_run, ddp_run,
                                                                        tmp_path):
     out = resumed_copy(crashed_run, tmp_path)
@@ -145,6 +148,7 @@ def test_resume_on_one_process_with_the_same_batches_per_step_is_exact(parquet_d
     assert_same_weights(weights, last_weights(ddp_run)[1])
 
 
+@pytest.mark.slow
 def test_resume_on_one_process_with_another_layout_finishes(parquet_data, crashed_run, tmp_path):
     out = resumed_copy(crashed_run, tmp_path)
     assert main(train_args(parquet_data, out)) == 0  # 1 batch per step: the epoch's rest is re-batched
@@ -155,6 +159,7 @@ def test_resume_on_one_process_with_another_layout_finishes(parquet_data, crashe
     assert state["epoch"] == 0 and len(state["epoch_skip"]) == 160 and state["batch_in_epoch"] == 14
 
 
+@pytest.mark.slow
 def test_error_on_rank_0_stops_every_rank(parquet_data, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()

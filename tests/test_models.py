@@ -86,6 +86,7 @@ def test_all_padding_row_is_finite():
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long))).all()
 
 
+@pytest.mark.slow
 def test_classifier_learns_separable_toy_task():
     torch.manual_seed(0)
     # class 1 sequences contain token 3; class 0 contain token 4; the rest is noise 5..19
@@ -153,6 +154,7 @@ def _copy_task_batch(n: int, length: int, vocab: int):
     return src, tgt
 
 
+@pytest.mark.slow
 def test_transformer_learns_copy_task():
     torch.manual_seed(0)
     vocab = 12

@@ -270,6 +270,7 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
     assert records[0]["label"] == "pos"
 
 
+@pytest.mark.slow
 def test_cli_subprocess_exit_codes_and_no_traceback(trained_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ok = subprocess.run([sys.executable, "-m", "classify.predict", "--model", str(trained_run), "--json", "-"],

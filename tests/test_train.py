@@ -124,6 +124,7 @@ def assert_one_line_error(result, fragment):
     assert len([l for l in result.stderr.splitlines() if "error" in l]) == 1
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path, parquet_data):
     out = str(tmp_path / "out")
     assert_one_line_error(cli("--data", str(tmp_path / "missing"), "--output", out), "not found")
@@ -139,6 +140,7 @@ def test_cli_errors_are_one_line(tmp_path, parquet_data):
     assert_one_line_error(cli("--data", str(empty), "--output", out), "empty")
 
 
+@pytest.mark.slow
 def test_refuses_folder_holding_a_different_run(trained_run, parquet_data, tmp_path):
     result = cli("--data", str(parquet_data), "--output", str(trained_run), "--d-model", "64", "--heads", "2",
                  "--quiet")
@@ -149,6 +151,7 @@ def test_refuses_folder_holding_a_different_run(trained_run, parquet_data, tmp_p
     assert_one_line_error(cli("--data", str(parquet_data), "--output", str(stranger)), "not a classify run")
 
 
+@pytest.mark.slow
 def test_help_explains_flags():
     result = cli("--help")
     assert result.returncode == 0
@@ -168,6 +171,7 @@ def test_csv_source_trains_without_test_split(tmp_path):
     assert (out / "model.safetensors").exists() and not (out / "test_metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_real_imdb_sample_beats_chance(shared_imdb, tmp_path):
     out = tmp_path / "imdb"
     assert main(["--data", str(shared_imdb), "--output", str(out), "--limit", "3000", "--val-size", "500",
