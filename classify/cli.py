@@ -14,10 +14,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from .device import PRECISIONS, autocast_dtype, resolve_device
+from .engine.device import PRECISIONS, autocast_dtype, resolve_device
 from .errors import ClassifyError
-from .tokenize import KINDS, TRUNCATIONS
-from .training import SCHEDULES
+from .text.tokenize import KINDS, TRUNCATIONS
+from .engine.optim import SCHEDULES
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -46,6 +46,10 @@ class RunConfig:
     precision: str = "auto"
     save_every: int = 200
     threads: int | None = None
+    eval_every: int | None = None
+    patience: int | None = None
+    grad_accum: int = 1
+    num_workers: int = 0
 
     # Fields that must match to continue a run in the same folder (the rest may change on resume).
     IDENTITY: ClassVar[tuple[str, ...]] = ("data", "seed")
@@ -115,6 +119,11 @@ def add_optimisation_args(group: argparse._ArgumentGroup, config: type[RunConfig
         "schedule": "decay after warmup (inverse_sqrt, the Noam schedule, needs no end)",
         "weight_decay": "decoupled weight decay (matrices only)",
         "clip": "gradient norm clipping (0 = off)",
+        "eval_every": "validate every N steps (default: at the end of each epoch)",
+        "patience": "stop after N validations without improvement",
+        "grad_accum": "batches each process trains on per optimizer step, their gradients averaged (a bigger "
+                      "batch in the same memory)",
+        "num_workers": "DataLoader worker processes that make the batches",
         **helps,
     }
     group.add_argument("--epochs", type=int, default=default("epochs"), help=texts["epochs"])
@@ -125,6 +134,10 @@ def add_optimisation_args(group: argparse._ArgumentGroup, config: type[RunConfig
     group.add_argument("--schedule", choices=SCHEDULES, default=default("schedule"), help=texts["schedule"])
     group.add_argument("--weight-decay", type=float, default=default("weight_decay"), help=texts["weight_decay"])
     group.add_argument("--clip", type=float, default=default("clip"), help=texts["clip"])
+    group.add_argument("--eval-every", type=int, default=default("eval_every"), help=texts["eval_every"])
+    group.add_argument("--patience", type=int, default=default("patience"), help=texts["patience"])
+    group.add_argument("--grad-accum", type=int, default=default("grad_accum"), help=texts["grad_accum"])
+    group.add_argument("--num-workers", type=int, default=default("num_workers"), help=texts["num_workers"])
 
 
 def add_runtime_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
@@ -134,6 +147,18 @@ def add_runtime_args(group: argparse._ArgumentGroup | argparse.ArgumentParser) -
                        help="autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else fp16 on "
                             "CUDA, else fp32")
     group.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: PyTorch's choice, all cores)")
+
+
+def add_run_folder_args(group: argparse._ArgumentGroup) -> None:
+    """How a trainer treats its --output folder, and how it reports."""
+    group.add_argument("--resume", action="store_true",
+                       help="continue the run in --output, and refuse to start afresh if there is none to continue "
+                            "(without this flag a run found there is continued all the same)")
+    group.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
+    group.add_argument("--quiet", action="store_true", help="no progress display")
+    group.add_argument("--dist-timeout", type=float, default=10.0,
+                       help="under torchrun: minutes a process waits for the others (start-up, every "
+                            "synchronisation) before the job fails instead of hanging")
 
 
 def runtime(args: argparse.Namespace) -> tuple[torch.device, torch.dtype | None]:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint
+from .engine.files import load_model_weights
+from .engine.runfolder import TOKENIZER, WEIGHTS, read_config
 from .errors import ClassifyError
 from .models import Classifier
 
@@ -68,10 +69,10 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
     """
     run = Path(args.init_from)
     try:
-        config = checkpoint.read_config(run, PRETRAIN_KIND)
+        config = read_config(run, PRETRAIN_KIND)
     except ClassifyError as err:
         raise ClassifyError(f"--init-from: {err}") from None
-    for name in (checkpoint.TOKENIZER, checkpoint.WEIGHTS):
+    for name in (TOKENIZER, WEIGHTS):
         if not (run / name).exists():
             raise ClassifyError(f"--init-from {run}: no {name} (the pretraining run has not saved weights yet)")
     try:
@@ -104,13 +105,13 @@ def load_pretrained_encoder(model: Classifier, run: str | Path) -> int:
     """Copy the pretrained ``embed.*`` and ``encoder.*`` tensors into ``model``; the head keeps its
     fresh initialisation. Returns the number of tensors copied."""
     run = Path(run)
-    config = checkpoint.read_config(run, PRETRAIN_KIND)
+    config = read_config(run, PRETRAIN_KIND)
     differ = [f"{f} {getattr(model.config, f)!r} vs pretrained {config['model'].get(f)!r}"
               for f in ENCODER_FIELDS if config["model"].get(f) != getattr(model.config, f)]
     if differ:
         raise ClassifyError(f"--init-from {run}: the classifier does not match the pretrained encoder "
                             f"({'; '.join(differ)})")
-    return checkpoint.load_model_weights(model, run / checkpoint.WEIGHTS, only=("embed.", "encoder."),
+    return load_model_weights(model, run / WEIGHTS, only=("embed.", "encoder."),
                                          what="pretrained weights")
 
 

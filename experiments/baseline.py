@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from classify import checkpoint
-from classify.data import load_split, training_split
+from classify.engine.files import write_json
 from classify.evaluate import BASELINE_C_GRID, fit_baseline
+from classify.text.data import load_split, training_split
 
 from .trainruns import experiment_meta
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
               "seconds_all_fits": round(seconds, 1),
               "model": "TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2) + LogisticRegression(C, max_iter=1000)",
               "validation_accuracy_by_C": {f"{c:g}": a for c, a in tuned.validation_accuracy.items()}, "results": rows}
-    checkpoint.write_json(args.results / "baseline.json", record)
+    write_json(args.results / "baseline.json", record)
     return 0
 
 

@@ -46,19 +46,31 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from classify import checkpoint
-from classify.batching import BucketBatchSampler, pad_batch
 from classify.core import Encoder, MultiHeadAttention
-from classify.data import LABEL_NAMES, load_split, normalize
-from classify.device import autocast, autocast_dtype, bf16_supported, grad_scaler, resolve_device, to_device
+from classify.engine.device import autocast, autocast_dtype, bf16_supported, grad_scaler, resolve_device, to_device
+from classify.engine.files import model_state, save_tensors, write_json, write_text
+from classify.engine.optim import build_optimizer, optimizer_step
+from classify.engine.runfolder import WEIGHTS, RunFolder
 from classify.inference import KIND, encode_texts, load_run, predict_ids
 from classify.models import Classifier, ClassifierConfig
-from classify.tokenize import encode, save_tokenizer, train_tokenizer, truncate
-from classify.training import build_optimizer, optimizer_step
+from classify.text.batching import BucketBatchSampler, pad_batch
+from classify.text.data import LABEL_NAMES, load_split, normalize
+from classify.text.tokenize import encode, train_tokenizer, truncate
 
 from .bench_seq2seq import FULL_SEQ2SEQ, QUICK_SEQ2SEQ, Seq2SeqSizes, seq2seq_section
-from .benchtools import (ROOT, PeakMemory, interleave, load_average, machine_info, matmul_probe, paired_ratio,
-                         peak_matmul_flops, percentile, summarize, time_call)
+from .benchtools import (
+    ROOT,
+    PeakMemory,
+    interleave,
+    load_average,
+    machine_info,
+    matmul_probe,
+    paired_ratio,
+    peak_matmul_flops,
+    percentile,
+    summarize,
+    time_call,
+)
 
 RESULTS = ROOT / "experiments" / "results"
 # classify.train's defaults: --d-model 128 --heads 4 --layers 2 --d-ff 512 --dropout 0.1, batch 32, vocab 30000.
@@ -394,10 +406,9 @@ def epoch_section(ctx: Context) -> dict[str, Any]:
 
 def write_throwaway_run(folder: Path, config: ClassifierConfig, tokenizer: Tokenizer) -> Path:
     """A run folder as classify.train writes it, holding an untrained model (speed does not depend on weights)."""
-    save_tokenizer(tokenizer, folder / checkpoint.TOKENIZER)
-    checkpoint.write_config(folder, KIND, config.to_dict(), train={"truncation": "head+tail"},
-                            labels=list(LABEL_NAMES))
-    checkpoint.save_tensors(folder / checkpoint.WEIGHTS, checkpoint.model_state(Classifier(config)))
+    RunFolder(folder, KIND).record(False, tokenizer, config.to_dict(), train={"truncation": "head+tail"},
+                                   labels=list(LABEL_NAMES))
+    save_tensors(folder / WEIGHTS, model_state(Classifier(config)))
     return folder
 
 
@@ -771,9 +782,9 @@ def main(argv: list[str] | None = None) -> int:
     results["command"] = command.strip()
     stem = args.output or RESULTS / ("bench_quick" if args.quick else "bench")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(stem.with_suffix(".json"), results)
+    write_json(stem.with_suffix(".json"), results)
     report = to_markdown(results, results["command"])
-    checkpoint.write_text(stem.with_suffix(".md"), report + "\n")
+    write_text(stem.with_suffix(".md"), report + "\n")
     print(report)
     print("\n".join(["", "Headline ratios (> 1: ours faster):", *headline(results),
                      f"total {results['total_s']:.0f} s; wrote {stem.with_suffix('.json')} and .md"]))

@@ -25,10 +25,18 @@ import sys
 import time
 from pathlib import Path
 
-from classify import checkpoint
+from classify.engine.runfolder import METRICS, WEIGHTS
 
-from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
-                        write_results)
+from .trainruns import (
+    evaluations,
+    experiment_meta,
+    shown,
+    start_training,
+    test_metrics,
+    train_command,
+    wait_all,
+    write_results,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Pretraining: no dropout (the model is far from overfitting 18M tokens) and 2k-token batches (more, smaller
@@ -61,12 +69,12 @@ def copy_run(run: Path, to: Path) -> None:
 def weights_saved(run: Path, records: list[dict]) -> bool:
     """Whether ``model.safetensors`` already holds the best weights as of the newest evaluation record
     (the trainer writes the record first, then, if the loss improved, the weights)."""
-    weights = run / checkpoint.WEIGHTS
+    weights = run / WEIGHTS
     if not weights.exists():
         return False
     if len(records) > 1 and records[-1]["val_loss"] >= min(r["val_loss"] for r in records[:-1]):
         return True  # not an improvement: the saved weights are an earlier, better evaluation's
-    return weights.stat().st_mtime_ns >= (run / checkpoint.METRICS).stat().st_mtime_ns
+    return weights.stat().st_mtime_ns >= (run / METRICS).stat().st_mtime_ns
 
 
 def pretrain_with_snapshots(run: Path, args: argparse.Namespace) -> None:

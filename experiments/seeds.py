@@ -20,8 +20,16 @@ import statistics
 import sys
 from pathlib import Path
 
-from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
-                        write_results)
+from .trainruns import (
+    evaluations,
+    experiment_meta,
+    shown,
+    start_training,
+    test_metrics,
+    train_command,
+    wait_all,
+    write_results,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # The 30-minute recipe: the defaults of classify.train, with attention dropout off, which makes training

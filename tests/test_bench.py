@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
+from test_core import copy_decoder_layer, copy_encoder_layer
 
 from classify.models import Transformer
 from experiments import bench
 from experiments.bench_seq2seq import QUICK_SEQ2SEQ, TorchSeq2Seq, transformer_config
-from test_core import copy_decoder_layer, copy_encoder_layer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 

@@ -8,19 +8,21 @@ from dataclasses import fields
 import pytest
 import torch
 
-from classify import pretrain, seq2seq, train
+from classify import pretrain, train
 from classify.cli import check_run_args, runtime
 from classify.errors import ClassifyError, run_cli
+from classify.seq2seq import cli as seq2seq_cli
+from classify.seq2seq.task import Seq2SeqTrainConfig
 
 
 def seq2seq_train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    seq2seq.add_train_parser(parser.add_subparsers(dest="command"))
+    seq2seq_cli.add_train_parser(parser.add_subparsers(dest="command"))
     return parser._subparsers._group_actions[0].choices["train"]
 
 
 PARSERS = [(train.build_parser, train.TrainConfig), (pretrain.build_parser, pretrain.PretrainConfig),
-           (seq2seq_train_parser, seq2seq.Seq2SeqTrainConfig)]
+           (seq2seq_train_parser, Seq2SeqTrainConfig)]
 
 
 @pytest.mark.parametrize("make_parser, config", PARSERS, ids=["train", "pretrain", "seq2seq"])

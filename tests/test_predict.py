@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import synthetic_reviews, write_csv, write_jsonl
 
-import classify.inputs as inputs_module
-from classify import predict
+import classify.text.inputs as inputs_module
+from classify import inference, predict
 from classify.errors import ClassifyError
 from classify.explain import explain, to_html, token_attributions
 from classify.inference import encode_texts, load_run
 from classify.predict import main
-from conftest import synthetic_reviews, write_csv, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ["A wonderful, superb film; I loved the brilliant cast.", "Awful and boring, the worst waste of time.",
@@ -265,7 +265,7 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
         os.utime(Path(run) / "model.safetensors", (1e9 - age, 1e9 - age))
     edit_config(tmp_path / "runs" / "translation", lambda c: c.update(kind="seq2seq"))  # newest, wrong kind
     monkeypatch.chdir(tmp_path)
-    assert predict.newest_run() == Path("runs") / "new"
+    assert inference.newest_run() == Path("runs") / "new"
     records = run_json(capsys, GOOD[0])
     assert records[0]["label"] == "pos"
 

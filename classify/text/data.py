@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 HUB_DEFAULT = "stanfordnlp/imdb"
 LABEL_NAMES = ("neg", "pos")

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 T = TypeVar("T")
 

@@ -1,0 +1,313 @@
+"""python -m classify.seq2seq: train, run and score the German -> English translator.
+
+    python -m classify.seq2seq train --data ../shared/multi30k --output runs/multi30k --time-budget 60
+    python -m classify.seq2seq translate --model runs/multi30k "Ein Hund läuft über die Wiese."
+    python -m classify.seq2seq evaluate --model runs/multi30k --data ../shared/multi30k --split test
+
+``train`` runs under torchrun too (``torchrun --nproc_per_node=N -m classify.seq2seq train ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from tokenizers import Tokenizer
+
+from ..cli import (
+    HelpFormatter,
+    add_model_args,
+    add_optimisation_args,
+    add_run_folder_args,
+    add_runtime_args,
+    check_run_args,
+    runtime,
+)
+from ..engine import distributed
+from ..engine.files import load_model_weights, write_json, write_text
+from ..engine.loop import FitResult, fit, set_seed
+from ..engine.runfolder import WEIGHTS, RunFolder
+from ..errors import ClassifyError
+from ..models import Transformer, TransformerConfig
+from ..text.data import normalize
+from ..text.tokenize import train_tokenizer
+from .data import encode_side, encode_training_pairs, load_parallel, read_lines
+from .metrics import evaluate_split
+from .task import BEST_BY, Seq2SeqTrainConfig, TranslationTask
+from .translate import KIND, load_translator, translate_texts
+
+
+# ---------------------------------------------------------------------------- train
+def add_train_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a translation model",
+                       formatter_class=HelpFormatter,
+                       description="Train the encoder-decoder transformer on a folder of line-aligned "
+                                   "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes.")
+    default = Seq2SeqTrainConfig.default
+    g = p.add_argument_group("data")
+    g.add_argument("--data", required=True, help="folder with train.de/train.en, val.de/val.en (and test.*)")
+    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
+    g.add_argument("--src-lang", default=default("src_lang"), help="source file suffix")
+    g.add_argument("--tgt-lang", default=default("tgt_lang"), help="target file suffix")
+    g.add_argument("--vocab-size", type=int, default=default("vocab_size"),
+                   help="joint source+target BPE vocabulary size")
+    g.add_argument("--max-len", type=int, default=128,
+                   help="longest sequence in tokens; longer training pairs are skipped")
+    g = p.add_argument_group("model")
+    add_model_args(g, d_model=256, layers=3, heads=8, d_ff=512, positional="sinusoidal",
+                   layers_help="encoder blocks, and decoder blocks")
+    g.add_argument("--no-tie-embeddings", action="store_true",
+                   help="separate decoder input embedding and output projection")
+    g = p.add_argument_group("optimisation")
+    add_optimisation_args(
+        g, Seq2SeqTrainConfig,
+        time_budget="minutes of training (validation included); then stop cleanly. The learning-rate decay follows "
+                    "steps or time, whichever is further along, so a budgeted run ends decayed",
+        schedule="decay after warmup: cosine/linear reach zero at the end of --epochs (or --max-steps); "
+                 "inverse_sqrt (Noam) needs no end, for open-ended runs")
+    g.add_argument("--max-tokens", type=int, default=default("max_tokens"),
+                   help="token budget per batch (padded length of the longer side x sentences)")
+    g.add_argument("--label-smoothing", type=float, default=default("label_smoothing"),
+                   help="label smoothing of the cross-entropy")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=default("seed"), help="random seed")
+    add_runtime_args(g)
+    g.add_argument("--best-by", choices=BEST_BY, default=default("best_by"),
+                   help="which validation score picks model.safetensors (bleu: greedy decoding of val each epoch)")
+    g.add_argument("--save-every", type=int, default=default("save_every"),
+                   help="write last/ (resume state) every N steps")
+    add_run_folder_args(g)
+
+
+def check_train_args(args: argparse.Namespace) -> None:
+    check_run_args(args, {"--max-tokens": args.max_tokens})
+    if not 0.0 <= args.label_smoothing < 1.0:
+        raise ClassifyError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+    if args.max_tokens < args.max_len:
+        raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one sequence of --max-len {args.max_len}")
+
+
+def configs_from_args(args: argparse.Namespace, vocab_size: int) -> tuple[TransformerConfig, Seq2SeqTrainConfig]:
+    train = Seq2SeqTrainConfig.from_args(args)
+    train.data = str(Path(args.data).expanduser().resolve())
+    model = TransformerConfig(
+        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=args.d_model, num_heads=args.heads,
+        num_encoder_layers=args.layers, num_decoder_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len,
+        dropout=args.dropout, positional=args.positional, norm_first=not args.post_ln,
+        tie_embeddings=not args.no_tie_embeddings)
+    return model, train
+
+
+def train(args: argparse.Namespace) -> int:
+    check_train_args(args)
+    device, dtype = runtime(args)
+    with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
+        return train_run(args, run, device, dtype)
+
+
+def train_run(args: argparse.Namespace, run: RunFolder, device: torch.device, dtype: torch.dtype | None) -> int:
+    """The training run of ``train``; under torchrun every rank runs it. Returns the exit code."""
+    console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
+    model_config, config = configs_from_args(args, args.vocab_size)
+    set_seed(config.seed + distributed.rank())
+    resuming = distributed.on_main(lambda: run.open(asdict(config), Seq2SeqTrainConfig.IDENTITY, model_config.to_dict(),
+                                                    args.overwrite, args.resume,
+                                                    sized_by_tokenizer=("src_vocab_size", "tgt_vocab_size")))
+
+    # ---- data: load, (train the tokenizer,) tokenize once
+    t0 = time.monotonic()
+    train_pairs = load_parallel(config.data, "train", config.src_lang, config.tgt_lang)
+    val_pairs = load_parallel(config.data, "val", config.src_lang, config.tgt_lang)
+    tokenizer = run.tokenizer(resuming, lambda: train_tokenizer(
+        [normalize(t) for t in train_pairs.src + train_pairs.tgt], config.vocab_size, kind="bpe", lowercase=False,
+        reversible=True))
+    model_config.src_vocab_size = model_config.tgt_vocab_size = tokenizer.get_vocab_size()
+    max_len = model_config.max_len
+    src_ids, tgt_ids, skipped = encode_training_pairs(tokenizer, train_pairs, max_len)
+    val_src, val_tgt = encode_side(tokenizer, val_pairs.src, max_len), encode_side(tokenizer, val_pairs.tgt, max_len)
+    console.log(f"data: {len(src_ids)} train pairs ({skipped} longer than {max_len} tokens skipped) / "
+                f"{len(val_pairs)} validation pairs from {config.data}, joint vocabulary "
+                f"{tokenizer.get_vocab_size()}, {time.monotonic() - t0:.1f}s")
+    distributed.on_main(lambda: run.record(resuming, tokenizer, model_config.to_dict(), asdict(config)))
+
+    model = Transformer(model_config).to(device)
+    task = TranslationTask(model, tokenizer, src_ids, tgt_ids, val_src, val_tgt, val_pairs.tgt, config, device, dtype)
+    result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
+    if result.interrupted:
+        return 130
+    if distributed.is_main():
+        test_metrics = evaluate_test(run, config, model, tokenizer, device, dtype, console)
+        print_summary(console, run, result, test_metrics, config.best_by)
+    return 0
+
+
+def evaluate_test(run: RunFolder, config: Seq2SeqTrainConfig, model: Transformer, tokenizer: Tokenizer,
+                  device: torch.device, dtype: torch.dtype | None, console: Console) -> dict | None:
+    """One greedy evaluation of the best weights on the test split (when there is one)."""
+    if not (run.path / WEIGHTS).exists():
+        return None
+    try:
+        test = load_parallel(config.data, "test", config.src_lang, config.tgt_lang)
+    except ClassifyError as err:
+        console.log(f"no test evaluation: {err}")
+        return None
+    load_model_weights(model, run.path / WEIGHTS)
+    metrics, _ = evaluate_split(model, tokenizer, test, device, dtype, beam_size=1, length_penalty=1.0,
+                                batch_size=64, max_tokens=config.max_tokens)
+    metrics["split"] = "test"
+    run.write_test_metrics(metrics)
+    return metrics
+
+
+def print_summary(console: Console, run: RunFolder, result: FitResult, test: dict | None, best_by: str) -> None:
+    table = Table(title=f"classify.seq2seq train: {run.path}", show_header=False)
+    table.add_row("stopped", result.reason)
+    table.add_row("steps / epochs", f"{result.state['step']} / {result.state['epoch']}")
+    table.add_row("training time", f"{result.seconds / 60:.1f} min")
+    best = result.state["best"]
+    if best is not None:
+        table.add_row("best validation", f"BLEU {best:.2f}" if best_by == "bleu" else f"loss {-best:.4f}")
+    if test:
+        table.add_row("test BLEU (greedy)", f"{test['bleu']:.2f}  (lower-cased {test['bleu_lowercase']:.2f}, "
+                                           f"chrF {test['chrf']:.2f})")
+        table.add_row("test loss / perplexity", f"{test['loss']:.4f} / {test['perplexity']:.2f}")
+    table.add_row("run folder", str(run.path))
+    console.print(table)
+
+
+# ------------------------------------------------------------------------ translate
+def add_translate_parser(sub) -> None:
+    p = sub.add_parser("translate", help="translate sentences with a trained run",
+                       formatter_class=HelpFormatter,
+                       description="Translate sentences given as arguments, one per line from --file, "
+                                   "or from stdin ('-'). Prints one translation per line.")
+    p.add_argument("--model", required=True, help="run folder written by 'train'")
+    p.add_argument("texts", nargs="*", help="sentences to translate; '-' reads stdin")
+    p.add_argument("--file", help="a file with one sentence per line ('-' = stdin)")
+    p.add_argument("--beam-size", type=int, default=4, help="beam width (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam hypotheses are ranked by log-prob / length**PENALTY (0 favours short output)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    add_runtime_args(p)
+
+
+def read_inputs(texts: list[str], file: str | None) -> list[str]:
+    """Sentences from the arguments, a file or stdin (``-``), in that order."""
+    sentences: list[str] = []
+    for text in texts:
+        sentences.extend(sys.stdin.read().splitlines() if text == "-" else [text])
+    if file == "-":
+        sentences.extend(sys.stdin.read().splitlines())
+    elif file is not None:
+        sentences.extend(read_lines(Path(file)))
+    if not sentences:
+        raise ClassifyError("nothing to translate: give sentences, --file PATH, or '-' for stdin")
+    return sentences
+
+
+def check_decoding_args(args: argparse.Namespace) -> None:
+    if args.beam_size < 1:
+        raise ClassifyError(f"--beam-size must be at least 1, got {args.beam_size}")
+    if args.batch_size < 1:
+        raise ClassifyError(f"--batch-size must be at least 1, got {args.batch_size}")
+
+
+def translate(args: argparse.Namespace) -> int:
+    check_decoding_args(args)
+    sentences = read_inputs(args.texts, args.file)
+    device, dtype = runtime(args)
+    run = load_translator(args.model, device)
+    for line in translate_texts(run.model, run.tokenizer, sentences, device, dtype, args.beam_size,
+                                args.length_penalty, args.batch_size):
+        print(line)
+    return 0
+
+
+# ------------------------------------------------------------------------- evaluate
+def add_evaluate_parser(sub) -> None:
+    p = sub.add_parser("evaluate", help="BLEU, chrF and perplexity of a trained run on a split",
+                       formatter_class=HelpFormatter,
+                       description="Translate a split, score it with sacreBLEU (cased, detokenized, and "
+                                   "lower-cased), chrF and teacher-forced loss/perplexity; print samples and "
+                                   "write a JSON report.")
+    p.add_argument("--model", required=True, help="run folder written by 'train'")
+    p.add_argument("--data", required=True, help="folder with {split}.{src}/{split}.{tgt} files")
+    p.add_argument("--split", default="test", help="file prefix of the split to score")
+    p.add_argument("--src-lang", help="source file suffix (default: the run's)")
+    p.add_argument("--tgt-lang", help="target file suffix (default: the run's)")
+    p.add_argument("--beam-size", type=int, default=4, help="beam width (1 = greedy)")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="beam ranking: log-prob / length**PENALTY")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget of the loss batches")
+    p.add_argument("--samples", type=int, default=5, help="sample translations to print and store")
+    p.add_argument("--report", help="JSON report path (default: RUN/eval-SPLIT-beamK.json)")
+    p.add_argument("--translations", help="also write every translation to this file, one per line")
+    add_runtime_args(p)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    check_decoding_args(args)
+    device, dtype = runtime(args)
+    run = load_translator(args.model, device)
+    train_config = run.config.get("train", {})
+    src_lang = args.src_lang or train_config.get("src_lang", "de")
+    tgt_lang = args.tgt_lang or train_config.get("tgt_lang", "en")
+    pairs = load_parallel(args.data, args.split, src_lang, tgt_lang)
+    metrics, hypotheses = evaluate_split(run.model, run.tokenizer, pairs, device, dtype, args.beam_size,
+                                         args.length_penalty, args.batch_size, args.max_tokens)
+    samples = [{"source": pairs.src[i], "reference": pairs.tgt[i], "translation": hypotheses[i]}
+               for i in range(min(args.samples, len(pairs)))]
+    report = {"run": str(run.path), "data": str(Path(args.data).expanduser().resolve()), "split": args.split,
+              **metrics, "device": str(device), "precision": str(dtype) if dtype else "fp32",
+              "threads": torch.get_num_threads(), "samples": samples}
+    report_path = Path(args.report) if args.report else run.path / f"eval-{args.split}-beam{args.beam_size}.json"
+    write_json(report_path, report)
+    if args.translations:
+        write_text(args.translations, "".join(h + "\n" for h in hypotheses))
+    print_evaluation(report, report_path)
+    return 0
+
+
+def print_evaluation(report: dict[str, Any], path: Path) -> None:
+    console = Console()
+    table = Table(title=f"{report['split']}: {report['sentences']} sentences, beam {report['beam_size']}",
+                  show_header=False)
+    table.add_row("BLEU (sacreBLEU, cased, detokenized)", f"{report['bleu']:.2f}")
+    table.add_row("BLEU (lower-cased, 13a-tokenized)", f"{report['bleu_lowercase']:.2f}")
+    table.add_row("chrF", f"{report['chrf']:.2f}")
+    table.add_row("loss / perplexity (per BPE token)", f"{report['loss']:.4f} / {report['perplexity']:.2f}")
+    table.add_row("perplexity per word", f"{report['word_perplexity']:.2f}")
+    table.add_row("decoding time", f"{report['decode_seconds']:.1f} s")
+    console.print(table)
+    for sample in report["samples"]:
+        console.print(f"[dim]src[/] {sample['source']}\n[dim]ref[/] {sample['reference']}\n"
+                      f"[dim]out[/] {sample['translation']}\n", highlight=False, markup=True)
+    console.print(f"report: {path}")
+
+
+# ------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m classify.seq2seq",
+                                description="The seq2seq example: train, run and score a German->English "
+                                            "transformer translator (Multi30k by default).")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    add_translate_parser(sub)
+    add_evaluate_parser(sub)
+    return p
+
+
+COMMANDS = {"train": train, "translate": translate, "evaluate": evaluate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)
+
