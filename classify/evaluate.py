@@ -24,7 +24,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from .cli import HelpFormatter, add_runtime_args, runtime
+from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
 from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
     p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
-    add_runtime_args(p)
+    add_flags(p, RuntimeConfig)
     p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p

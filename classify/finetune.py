@@ -22,6 +22,7 @@ from typing import Any
 
 from .engine.files import load_model_weights
 from .engine.runfolder import TOKENIZER, WEIGHTS, read_config
+from .engine.config import flag
 from .errors import ClassifyError
 from .models import Classifier
 
@@ -36,11 +37,10 @@ ENCODER_FIELDS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "m
 
 
 def _inherited(config: dict[str, Any]) -> dict[str, Any]:
-    """classify.train flag destinations -> the value the pretraining run fixes for them."""
+    """classify.train settings -> the value the pretraining run fixes for them (flags and fields share names)."""
     model, train = config["model"], config.get("train", {})
-    return {"d_model": model["d_model"], "layers": model["num_layers"], "heads": model["num_heads"],
-            "d_ff": model["d_ff"], "max_len": model["max_len"], "positional": model["positional"],
-            "post_ln": not model["norm_first"], "no_padding_mask": not model["mask_padding"],
+    return {**{name: model[name] for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "positional",
+                                              "norm_first", "mask_padding")},
             "vocab_size": train.get("vocab_size"), "tokenizer": train.get("tokenizer")}
 
 
@@ -53,11 +53,10 @@ def _given(parser: argparse.ArgumentParser, argv: Sequence[str] | None, dests: S
 
 
 def _flag(dest: str, value: Any) -> str:
-    """How a flag's value reads on a command line: ``--d-model 128``, ``--post-ln``, ``no --post-ln``."""
-    flag = "--" + dest.replace("_", "-")
+    """How a setting reads on a command line: ``--d-model 128``, ``--norm-first``, ``--no-norm-first``."""
     if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    return f"{flag} {value}"
+        return flag(dest) if value else f"--no-{flag(dest)[2:]}"
+    return f"{flag(dest)} {value}"
 
 
 def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,

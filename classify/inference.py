@@ -23,7 +23,7 @@ from .errors import ClassifyError
 from .models import Classifier, ClassifierConfig
 from .text.batching import BucketBatchSampler, pad_batch
 from .text.data import normalize
-from .text.tokenize import encode, load_tokenizer
+from .text.tokenize import encode, load_tokenizer, truncate
 
 KIND = "classifier"
 RUNS_DIR = Path("runs")
@@ -120,3 +120,10 @@ def encode_reviews(tokenizer: Tokenizer, texts: list[str], max_len: int, truncat
 def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:
     """Raw reviews -> the token ids ``run``'s model reads."""
     return encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
+
+
+def encode_normalized(run: LoadedRun, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+    """Normalised reviews -> (the token ids ``run``'s model reads, each review's whole token count), from one
+    tokenizer pass: the count tells whether truncation cut anything."""
+    full = [e.ids for e in run.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return [truncate(ids, run.max_len, run.truncation) for ids in full], [len(ids) for ids in full]

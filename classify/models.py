@@ -20,6 +20,11 @@ from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_mas
 __all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
 
 
+# Fields of either config that count something and must be positive.
+_SIZES = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes", "d_model", "num_heads", "num_layers",
+          "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len")
+
+
 class _Config:
     """JSON round-trip for the config dataclasses; unknown keys are an error, not silently dropped."""
 
@@ -46,9 +51,20 @@ class _Config:
         return config
 
     def validate(self) -> None:
+        for name in _SIZES:
+            value = getattr(self, name, 1)
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         d, h = self.d_model, self.num_heads  # type: ignore[attr-defined]
-        if d <= 0 or h <= 0 or d % h:
-            raise ValueError(f"d_model ({d}) must be a positive multiple of num_heads ({h})")
+        if d % h:
+            raise ValueError(f"d_model ({d}) must be a multiple of num_heads ({h})")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        positional = self.positional  # type: ignore[attr-defined]
+        if positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -5,7 +5,7 @@
     python -m classify.predict --format jsonl --json - < reviews.jsonl
     python -m classify.predict --explain --explain-html why.html "Great cast, awful script."
 
-Reviews are read lazily (``classify.inputs``) and classified in chunks, each batched and
+Reviews are read lazily (``classify.text.inputs``) and classified in chunks, each batched and
 length-bucketed by ``inference.predict_ids``, so files of any size stream through in
 bounded memory; results come out in input order. A review that cannot be classified gets a
 per-item error and the others are still predicted.
@@ -32,13 +32,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .cli import HelpFormatter, add_runtime_args, runtime
+from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
 from .engine.files import atomic_path, write_text
 from .engine.progress import progress_bar
 from .engine.runfolder import WEIGHTS
 from .errors import ClassifyError, run_cli
 from .explain import Explanation, explain, to_html, to_rich
-from .inference import RUNS_DIR, LoadedRun, encode_texts, open_run, predict_ids
+from .inference import RUNS_DIR, LoadedRun, encode_normalized, open_run, predict_ids
 from .text.data import normalize
 from .text.inputs import FORMATS, Inputs, Review, open_inputs
 from .text.tokenize import truncate
@@ -59,7 +59,8 @@ class Prediction:
     probabilities: np.ndarray | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    text: str = ""                 # the review as tokenized (after ``clip``)
+    text: str = ""                 # the review as read (after ``clip``)
+    normalized: str = ""           # ... and normalised, as tokenized
     excerpt: str = ""
     explanation: Explanation | None = None
 
@@ -95,23 +96,20 @@ def predict_chunk(run: LoadedRun, reviews: list[Review], device: torch.device, d
             if not normalized:
                 prediction.error = "no text left once HTML markup is removed"
             else:
-                prediction.text = text
+                prediction.text, prediction.normalized = text, normalized
                 prediction.excerpt = normalized if len(normalized) <= EXCERPT_CHARS else \
                     normalized[: EXCERPT_CHARS - 1] + "…"
         predictions.append(prediction)
     todo = [p for p in predictions if p.error is None]
     if not todo:
         return predictions
-    ids = encode_texts(run, [p.text for p in todo])
+    ids, totals = encode_normalized(run, [p.normalized for p in todo])  # each review tokenized once
     probabilities = predict_ids(run.model, ids, device, dtype, batch_size=batch_size, progress=progress)
-    for prediction, tokens, row in zip(todo, ids, probabilities):
+    for prediction, total, row in zip(todo, totals, probabilities):
         prediction.probabilities = row
-        if len(tokens) == run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:
-            # It filled the model: count its tokens to say whether anything was cut.
-            total = len(run.tokenizer.encode(normalize(prediction.text), add_special_tokens=False).ids)
-            if total > run.max_len:
-                prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
-                                        f"({run.truncation})")
+        if total > run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:  # (else ``clip`` said so)
+            prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
+                                    f"({run.truncation})")
     return predictions
 
 
@@ -273,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="format of --file and stdin; auto = by extension (stdin: text)")
     g = p.add_argument_group("model")
     g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {WEIGHTS})")
-    add_runtime_args(g)
+    add_flags(g, RuntimeConfig)
     g.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true",

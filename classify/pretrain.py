@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from functools import partial
 from typing import ClassVar
 
@@ -28,17 +28,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from .cli import (
-    HelpFormatter,
-    ReviewRunConfig,
-    add_model_args,
-    add_optimisation_args,
-    add_run_folder_args,
-    add_runtime_args,
-    add_tokenizer_args,
-    check_run_args,
-    runtime,
-)
+from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, from_args,
+                             open_fraction, positive, runtime, setting)
 from .engine import distributed
 from .engine.device import autocast, to_device
 from .engine.loop import FitResult, Task, fit, set_seed
@@ -55,18 +46,38 @@ KIND = "pretrain"
 
 @dataclass(kw_only=True)
 class PretrainConfig(ReviewRunConfig):
-    """Everything that defines a pretraining run except the model sizes (stored in config.json)."""
+    """Everything that defines a pretraining run except the model (config.json's "train")."""
 
-    epochs: int = 1
-    warmup: int = 100
-    weight_decay: float = 0.01
-    save_every: int = 100
-    eval_every: int | None = 250
-    max_tokens: int = 4096
-    mask_prob: float = 0.15
-    mlm_val_size: int = 500
+    data: str = ReviewRunConfig.redefault("data", MISSING, "hub id or folder with train (and ideally unsupervised) "
+                                                           "splits; a source without an unsupervised split "
+                                                           "pretrains on its train texts only")
+    epochs: int = ReviewRunConfig.redefault("epochs", 1, "passes over the pretraining text")
+    warmup: int = ReviewRunConfig.redefault("warmup", 100)
+    weight_decay: float = ReviewRunConfig.redefault("weight_decay", 0.01)
+    save_every: int = ReviewRunConfig.redefault("save_every", 100)
+    eval_every: int | None = ReviewRunConfig.redefault("eval_every", 250, "validation MLM loss every N steps")
+    val_size: int = ReviewRunConfig.redefault("val_size", 2500, "the classifier's validation split (same as "
+                                                                "classify.train --val-size, with --seed): these "
+                                                                "reviews are left out of pretraining so fine-tuning "
+                                                                "validation stays unseen")
+    seed: int = ReviewRunConfig.redefault("seed", 0, "random seed; also picks the classifier's validation split "
+                                                     "that is left out")
+    max_tokens: int = setting(4096, "padded tokens per batch (length-bucketed)", check=positive)
+    mask_prob: float = setting(0.15, "share of tokens to predict (of which 80%% become [MASK], 10%% a random token, "
+                                     "10%% stay)", check=open_fraction)
+    mlm_val_size: int = setting(500, "unlabelled reviews held out to measure the validation MLM loss",
+                                check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "mask_prob", "mlm_val_size")
+
+    def validate(self, model: ClassifierConfig) -> None:
+        super().validate(model)
+        if self.max_tokens < model.max_len:
+            raise ClassifyError(f"--max-tokens {self.max_tokens} cannot hold one review of --max-len {model.max_len}")
+
+
+MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "dropout", "positional", "norm_first",
+               "mask_padding")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,56 +85,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m classify.pretrain",
         description="Masked-language-model pretraining of the classifier's encoder on unlabelled IMDB text "
                     "(unsupervised + train splits; never test). Fine-tune the result with "
-                    "`python -m classify.train --init-from OUTPUT`.",
+                    "`python -m classify.train --init-from OUTPUT`. Each flag is a setting that config.json "
+                    "stores under the flag's name (--num-heads: num_heads).",
         formatter_class=HelpFormatter,
     )
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=default_source(),
-                   help="hub id or folder with train (and ideally unsupervised) splits; a source without an "
-                        "unsupervised split pretrains on its train texts only")
-    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--val-size", type=int, default=PretrainConfig.default("val_size"),
-                   help="the classifier's validation split (same as classify.train --val-size, with --seed): "
-                        "these reviews are left out of pretraining so fine-tuning validation stays unseen")
-    g.add_argument("--mlm-val-size", type=int, default=PretrainConfig.default("mlm_val_size"),
-                   help="unlabelled reviews held out to measure the validation MLM loss")
-    g.add_argument("--limit", type=int, help="pretrain on a seeded random sample of N reviews (quick runs)")
-    add_tokenizer_args(g, PretrainConfig, "the pretraining text")
-    g = p.add_argument_group("model (fine-tuning inherits these)")
-    add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
-    g.add_argument("--no-padding-mask", action="store_true", help="let attention see padding (for ablations)")
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--mask-prob", type=float, default=PretrainConfig.default("mask_prob"),
-                   help="share of tokens to predict (of which 80%% become [MASK], 10%% a random token, 10%% stay)")
-    add_optimisation_args(g, PretrainConfig, epochs="passes over the pretraining text",
-                          eval_every="validation MLM loss every N steps")
-    g.add_argument("--max-tokens", type=int, default=PretrainConfig.default("max_tokens"),
-                   help="padded tokens per batch (length-bucketed)")
+    add_flags(p.add_argument_group("data"), PretrainConfig,
+              ["data", "val_size", "mlm_val_size", "limit", "vocab_size", "tokenizer", "truncation"],
+              defaults={"data": default_source()})
+    add_flags(p.add_argument_group("model (fine-tuning inherits these)"), ClassifierConfig, MODEL_FLAGS)
+    add_flags(p.add_argument_group("optimisation"), PretrainConfig,
+              ["mask_prob", "epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip",
+               "max_tokens", "grad_accum", "eval_every", "patience"])
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=PretrainConfig.default("seed"),
-                   help="random seed; also picks the classifier's validation split that is left out")
-    add_runtime_args(g)
-    g.add_argument("--save-every", type=int, default=PretrainConfig.default("save_every"),
-                   help="write last/ (resume state) every N steps")
+    add_flags(g, PretrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])
     add_run_folder_args(g)
     return p
 
 
-def check_args(args: argparse.Namespace) -> None:
-    check_run_args(args, {"--max-tokens": args.max_tokens, "--eval-every": args.eval_every,
-                          "--mlm-val-size": args.mlm_val_size})
-    if args.max_tokens < args.max_len:
-        raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one review of --max-len {args.max_len}")
-    if not 0.0 < args.mask_prob < 1.0:
-        raise ClassifyError(f"--mask-prob must be in (0, 1), got {args.mask_prob}")
-
-
 def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, PretrainConfig]:
-    model = ClassifierConfig(
-        vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads, num_layers=args.layers,
-        d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout, positional=args.positional,
-        norm_first=not args.post_ln, mask_padding=not args.no_padding_mask)
-    return model, PretrainConfig.from_args(args)
+    """The encoder's config and the run's, from the flags; checked."""
+    config = from_args(PretrainConfig, args)
+    model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size)
+    config.validate(model)
+    return model, config
 
 
 # ------------------------------------------------------------------------------ data
@@ -227,16 +211,16 @@ def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, d
 # ---------------------------------------------------------------------- the command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_args(args)
-    device, dtype = runtime(args)
+    model_config, config = configs_from_args(args)
+    device, dtype = runtime(config)
     with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return pretrain(args, run, device, dtype)
+        return pretrain(args, model_config, config, run, device, dtype)
 
 
-def pretrain(args: argparse.Namespace, run: RunFolder, device: torch.device, dtype: torch.dtype | None) -> int:
+def pretrain(args: argparse.Namespace, model_config: ClassifierConfig, config: PretrainConfig, run: RunFolder,
+             device: torch.device, dtype: torch.dtype | None) -> int:
     """The pretraining run of ``main``; under torchrun every rank runs it. Returns the exit code."""
     console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    model_config, config = configs_from_args(args)
     set_seed(config.seed + distributed.rank())
     resuming = distributed.on_main(lambda: run.open(asdict(config), PretrainConfig.IDENTITY,
                                                     model_config.to_dict(), args.overwrite, args.resume))

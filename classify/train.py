@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -26,17 +26,8 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from .cli import (
-    HelpFormatter,
-    ReviewRunConfig,
-    add_model_args,
-    add_optimisation_args,
-    add_run_folder_args,
-    add_runtime_args,
-    add_tokenizer_args,
-    check_run_args,
-    runtime,
-)
+from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
+                             from_args, positive, runtime, setting)
 from .engine import distributed
 from .engine.files import load_model_weights
 from .engine.loop import FitResult, Task, fit, set_seed
@@ -52,90 +43,74 @@ from .text.tokenize import load_tokenizer, train_tokenizer
 
 @dataclass(kw_only=True)
 class TrainConfig(ReviewRunConfig):
-    """Everything that defines a classifier training run except the model sizes (stored in config.json)."""
+    """Everything that defines a classifier training run except the model (config.json's "train")."""
 
-    epochs: int = 3
-    warmup: int = 200
-    weight_decay: float = 0.1
-    batch_size: int = 32
-    max_tokens: int | None = None
-    label_smoothing: float = 0.0
-    batching: str = "bucket"
-    init_from: str | None = None
-    layer_decay: float | None = None
+    data: str = ReviewRunConfig.redefault("data", MISSING, "hub id, folder of {train,test}.parquet, aclImdb folder, "
+                                                           "or a CSV/JSONL/parquet file (default from "
+                                                           "$CLASSIFY_DATA)")
+    epochs: int = ReviewRunConfig.redefault("epochs", 3)
+    warmup: int = ReviewRunConfig.redefault("warmup", 200)
+    weight_decay: float = ReviewRunConfig.redefault("weight_decay", 0.1)
+    lr: float = ReviewRunConfig.redefault("lr", 1e-3, "peak learning rate (AdamW); with --init-from the default "
+                                                      "is 3e-4")
+    batch_size: int = setting(32, "reviews per batch on each process; one optimizer step trains on batch-size x "
+                                  "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer "
+                                  "steps", check=positive)
+    max_tokens: int | None = setting(None, "token budget per batch instead of a fixed batch size", check=positive)
+    batching: str = setting("bucket", "bucket: length-bucketed batches padded to their longest review; fixed: "
+                                      "random batches padded to --max-len (the naive pipeline, for comparisons "
+                                      "only)", choices=("bucket", "fixed"))
+    label_smoothing: float = setting(0.0, "label smoothing of the cross-entropy", check=fraction)
+    init_from: str | None = setting(None, "start from a classify.pretrain run folder: its tokenizer, model sizes "
+                                          "and encoder weights (the classification head starts fresh); "
+                                          "model/tokenizer flags must then be left out")
+    layer_decay: float | None = setting(None, "layer-wise lr decay: block i of L gets lr * decay**(L - i), "
+                                              "embeddings decay**(L + 1)", check=decay)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay")
+
+    def validate(self, model: ClassifierConfig) -> None:
+        super().validate(model)
+        if self.limit is not None and self.limit <= self.val_size:
+            raise ClassifyError(f"--limit {self.limit} leaves no training data after --val-size {self.val_size}")
+
+
+MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
+               "norm_first", "mask_padding")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m classify.train",
         description="Train the from-scratch transformer sentiment classifier. Defaults are the recipe measured "
-                    "best per CPU-minute on a 2-core machine (see experiments/RESULTS.md).",
+                    "best per CPU-minute on a 2-core machine (see experiments/RESULTS.md). Each flag is a setting "
+                    "that config.json stores under the flag's name (--num-heads: num_heads).",
         epilog="Several GPUs or machines: torchrun --nproc_per_node=N -m classify.train ... (same flags; "
                "--batch-size is per process, so one optimizer step sees batch-size x N x grad-accum reviews).",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=default_source(),
-                   help="hub id, folder of {train,test}.parquet, aclImdb folder, or a CSV/JSONL/parquet file "
-                        "(default from $CLASSIFY_DATA)")
-    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--limit", type=int, help="use only N training reviews, a seeded random sample (quick runs)")
-    g.add_argument("--val-size", type=int, default=TrainConfig.default("val_size"),
-                   help="validation reviews carved from train (stratified)")
-    add_tokenizer_args(g, TrainConfig, "the training split")
-    g = p.add_argument_group("model")
-    add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
-    g.add_argument("--attention-dropout", type=float,
-                   help="dropout on attention weights (default: --dropout); 0 trains 1.4-1.75x faster on CPU, "
-                        "where SDPA with dropout cannot use its fused kernel")
-    g.add_argument("--pooling", choices=("mean", "max", "first"), default="mean", help="how token vectors become one")
-    g.add_argument("--no-padding-mask", action="store_true",
-                   help="let attention and pooling see padding (reproduces Bloem's code; for ablations)")
-    g = p.add_argument_group("optimisation")
-    add_optimisation_args(g, TrainConfig, lr="peak learning rate (AdamW); with --init-from the default is 3e-4")
-    g.add_argument("--batch-size", type=int, default=TrainConfig.default("batch_size"),
-                   help="reviews per batch on each process; one optimizer step trains on batch-size x "
-                        "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer steps")
-    g.add_argument("--batching", choices=("bucket", "fixed"), default=TrainConfig.default("batching"),
-                   help="bucket: length-bucketed batches padded to their longest review; fixed: random batches "
-                        "padded to --max-len (the naive pipeline, for comparisons only)")
-    g.add_argument("--max-tokens", type=int, help="token budget per batch instead of a fixed batch size")
-    g.add_argument("--label-smoothing", type=float, default=TrainConfig.default("label_smoothing"),
-                   help="label smoothing of the cross-entropy")
-    g = p.add_argument_group("fine-tuning (see classify.pretrain)")
-    g.add_argument("--init-from", metavar="PRETRAIN_RUN",
-                   help="start from a classify.pretrain run: its tokenizer, model sizes and encoder weights "
-                        "(the classification head starts fresh); model/tokenizer flags must then be left out")
-    g.add_argument("--layer-decay", type=float,
-                   help="layer-wise lr decay: block i of L gets lr * decay**(L - i), embeddings decay**(L + 1)")
+    add_flags(g, TrainConfig, ["data", "limit", "val_size", "vocab_size", "tokenizer", "truncation"],
+              defaults={"data": default_source()})
+    add_flags(g, ClassifierConfig, ["max_len"])
+    add_flags(p.add_argument_group("model"), ClassifierConfig, MODEL_FLAGS)
+    add_flags(p.add_argument_group("optimisation"), TrainConfig,
+              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "batch_size",
+               "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
+    add_flags(p.add_argument_group("fine-tuning (see classify.pretrain)"), TrainConfig, ["init_from", "layer_decay"])
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=TrainConfig.default("seed"),
-                   help="random seed (runs are deterministic on CPU)")
-    add_runtime_args(g)
-    g.add_argument("--save-every", type=int, default=TrainConfig.default("save_every"),
-                   help="write last/ (resume state) every N steps")
+    add_flags(g, TrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])
     add_run_folder_args(g)
     g.add_argument("--no-test", action="store_true", help="skip the final evaluation on the test split")
     return p
 
 
-def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -> tuple[ClassifierConfig, TrainConfig]:
-    model = ClassifierConfig(
-        vocab_size=vocab_size or args.vocab_size, num_classes=2, d_model=args.d_model, num_heads=args.heads,
-        num_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout,
-        pooling=args.pooling, positional=args.positional, norm_first=not args.post_ln,
-        mask_padding=not args.no_padding_mask, attention_dropout=args.attention_dropout)
-    return model, TrainConfig.from_args(args)
-
-
-def check_args(args: argparse.Namespace) -> None:
-    check_run_args(args, {"--batch-size": args.batch_size, "--grad-accum": args.grad_accum})
-    if args.layer_decay is not None and not 0.0 < args.layer_decay <= 1.0:
-        raise ClassifyError(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
-    if args.limit is not None and args.limit <= args.val_size:
-        raise ClassifyError(f"--limit {args.limit} leaves no training data after --val-size {args.val_size}")
+def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, TrainConfig]:
+    """The model's config and the run's, from the flags; checked."""
+    config = from_args(TrainConfig, args)
+    model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES))
+    config.validate(model)
+    return model, config
 
 
 # ------------------------------------------------------------------------- the task
@@ -201,16 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.init_from:
         adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
-    check_args(args)
-    device, dtype = runtime(args)
+    model_config, config = configs_from_args(args)
+    device, dtype = runtime(config)
     with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return train(args, run, device, dtype)
+        return train(args, model_config, config, run, device, dtype)
 
 
-def train(args: argparse.Namespace, run: RunFolder, device: torch.device, dtype: torch.dtype | None) -> int:
+def train(args: argparse.Namespace, model_config: ClassifierConfig, config: TrainConfig, run: RunFolder,
+          device: torch.device, dtype: torch.dtype | None) -> int:
     """The training run of ``main``; under torchrun every rank runs it. Returns the exit code."""
     console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    model_config, config = configs_from_args(args)
     set_seed(config.seed + distributed.rank())  # other dropout masks per rank; DDP gives all rank 0's weights
     resuming = distributed.on_main(lambda: run.open(asdict(config), TrainConfig.IDENTITY, model_config.to_dict(),
                                                     args.overwrite, args.resume))

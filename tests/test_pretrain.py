@@ -197,7 +197,7 @@ def test_load_pretrained_encoder_refuses_a_different_model(pretrained_run):
 
 @pytest.mark.parametrize("flags, message", [
     (["--d-model", "64"], "--d-model 64 vs pretrained --d-model 32"),
-    (["--post-ln"], "--post-ln vs pretrained no --post-ln"),
+    (["--post-ln"], "--no-norm-first vs pretrained --norm-first"),  # --post-ln: the old spelling
     (["--tokenizer", "bpe"], "--tokenizer bpe vs pretrained --tokenizer word"),
 ])
 def test_init_from_refuses_conflicting_flags(pretrained_run, unlabelled_data, tmp_path, capsys, flags, message):

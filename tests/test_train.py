@@ -131,7 +131,7 @@ def test_cli_errors_are_one_line(tmp_path, parquet_data):
     out = str(tmp_path / "out")
     assert_one_line_error(cli("--data", str(tmp_path / "missing"), "--output", out), "not found")
     assert_one_line_error(cli("--data", str(parquet_data), "--output", out, "--d-model", "30", "--heads", "4"),
-                          "not divisible")
+                          "must be a multiple of num_heads")
     bad_labels = write_jsonl(tmp_path / "labels.jsonl", [("good", 1), ("bad", 7)] * 50)
     assert_one_line_error(cli("--data", str(bad_labels), "--output", out), "label 7")
     cols = tmp_path / "cols.csv"

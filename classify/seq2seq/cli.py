@@ -21,15 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
-from ..cli import (
-    HelpFormatter,
-    add_model_args,
-    add_optimisation_args,
-    add_run_folder_args,
-    add_runtime_args,
-    check_run_args,
-    runtime,
-)
+from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, add_run_folder_args, from_args, runtime
 from ..engine import distributed
 from ..engine.files import load_model_weights, write_json, write_text
 from ..engine.loop import FitResult, fit, set_seed
@@ -40,82 +32,66 @@ from ..text.data import normalize
 from ..text.tokenize import train_tokenizer
 from .data import encode_side, encode_training_pairs, load_parallel, read_lines
 from .metrics import evaluate_split
-from .task import BEST_BY, Seq2SeqTrainConfig, TranslationTask
+from .task import Seq2SeqTrainConfig, TranslationTask
 from .translate import KIND, load_translator, translate_texts
 
 
 # ---------------------------------------------------------------------------- train
+MODEL_FLAGS = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout", "positional",
+               "norm_first", "tie_embeddings")
+# The example's model: smaller than TransformerConfig's base-model defaults, with tied embeddings.
+MODEL_DEFAULTS = {"d_model": 256, "num_heads": 8, "num_encoder_layers": 3, "num_decoder_layers": 3, "d_ff": 512,
+                  "max_len": 128, "tie_embeddings": True}
+
+
+class _BothLayers(argparse.Action):
+    """--layers N (the old spelling): N encoder and N decoder blocks."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.num_encoder_layers = namespace.num_decoder_layers = values
+
+
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train a translation model",
                        formatter_class=HelpFormatter,
                        description="Train the encoder-decoder transformer on a folder of line-aligned "
-                                   "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes.")
-    default = Seq2SeqTrainConfig.default
+                                   "{train,val}.{SRC,TGT} files. Re-running into the same --output resumes. Each "
+                                   "flag is a setting that config.json stores under the flag's name.")
     g = p.add_argument_group("data")
-    g.add_argument("--data", required=True, help="folder with train.de/train.en, val.de/val.en (and test.*)")
-    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--src-lang", default=default("src_lang"), help="source file suffix")
-    g.add_argument("--tgt-lang", default=default("tgt_lang"), help="target file suffix")
-    g.add_argument("--vocab-size", type=int, default=default("vocab_size"),
-                   help="joint source+target BPE vocabulary size")
-    g.add_argument("--max-len", type=int, default=128,
-                   help="longest sequence in tokens; longer training pairs are skipped")
+    add_flags(g, Seq2SeqTrainConfig, ["data", "src_lang", "tgt_lang", "vocab_size"])
+    add_flags(g, TransformerConfig, ["max_len"], defaults=MODEL_DEFAULTS)
     g = p.add_argument_group("model")
-    add_model_args(g, d_model=256, layers=3, heads=8, d_ff=512, positional="sinusoidal",
-                   layers_help="encoder blocks, and decoder blocks")
-    g.add_argument("--no-tie-embeddings", action="store_true",
-                   help="separate decoder input embedding and output projection")
-    g = p.add_argument_group("optimisation")
-    add_optimisation_args(
-        g, Seq2SeqTrainConfig,
-        time_budget="minutes of training (validation included); then stop cleanly. The learning-rate decay follows "
-                    "steps or time, whichever is further along, so a budgeted run ends decayed",
-        schedule="decay after warmup: cosine/linear reach zero at the end of --epochs (or --max-steps); "
-                 "inverse_sqrt (Noam) needs no end, for open-ended runs")
-    g.add_argument("--max-tokens", type=int, default=default("max_tokens"),
-                   help="token budget per batch (padded length of the longer side x sentences)")
-    g.add_argument("--label-smoothing", type=float, default=default("label_smoothing"),
-                   help="label smoothing of the cross-entropy")
+    add_flags(g, TransformerConfig, MODEL_FLAGS, defaults=MODEL_DEFAULTS)
+    g.add_argument("--layers", type=int, action=_BothLayers, default=argparse.SUPPRESS,
+                   help="old spelling, kept for one release: sets --num-encoder-layers and --num-decoder-layers")
+    add_flags(p.add_argument_group("optimisation"), Seq2SeqTrainConfig,
+              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "max_tokens",
+               "grad_accum", "label_smoothing", "eval_every", "patience"])
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=default("seed"), help="random seed")
-    add_runtime_args(g)
-    g.add_argument("--best-by", choices=BEST_BY, default=default("best_by"),
-                   help="which validation score picks model.safetensors (bleu: greedy decoding of val each epoch)")
-    g.add_argument("--save-every", type=int, default=default("save_every"),
-                   help="write last/ (resume state) every N steps")
+    add_flags(g, Seq2SeqTrainConfig, ["seed", "device", "precision", "threads", "best_by", "save_every", "num_workers"])
     add_run_folder_args(g)
 
 
-def check_train_args(args: argparse.Namespace) -> None:
-    check_run_args(args, {"--max-tokens": args.max_tokens})
-    if not 0.0 <= args.label_smoothing < 1.0:
-        raise ClassifyError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
-    if args.max_tokens < args.max_len:
-        raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one sequence of --max-len {args.max_len}")
-
-
-def configs_from_args(args: argparse.Namespace, vocab_size: int) -> tuple[TransformerConfig, Seq2SeqTrainConfig]:
-    train = Seq2SeqTrainConfig.from_args(args)
-    train.data = str(Path(args.data).expanduser().resolve())
-    model = TransformerConfig(
-        src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=args.d_model, num_heads=args.heads,
-        num_encoder_layers=args.layers, num_decoder_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len,
-        dropout=args.dropout, positional=args.positional, norm_first=not args.post_ln,
-        tie_embeddings=not args.no_tie_embeddings)
-    return model, train
+def configs_from_args(args: argparse.Namespace) -> tuple[TransformerConfig, Seq2SeqTrainConfig]:
+    """The model's config and the run's, from the flags; checked. The vocabulary sizes are the
+    tokenizer's, set once it exists."""
+    config = from_args(Seq2SeqTrainConfig, args, data=str(Path(args.data).expanduser().resolve()))
+    model = from_args(TransformerConfig, args, src_vocab_size=config.vocab_size, tgt_vocab_size=config.vocab_size)
+    config.validate(model)
+    return model, config
 
 
 def train(args: argparse.Namespace) -> int:
-    check_train_args(args)
-    device, dtype = runtime(args)
+    model_config, config = configs_from_args(args)
+    device, dtype = runtime(config)
     with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return train_run(args, run, device, dtype)
+        return train_run(args, model_config, config, run, device, dtype)
 
 
-def train_run(args: argparse.Namespace, run: RunFolder, device: torch.device, dtype: torch.dtype | None) -> int:
+def train_run(args: argparse.Namespace, model_config: TransformerConfig, config: Seq2SeqTrainConfig, run: RunFolder,
+              device: torch.device, dtype: torch.dtype | None) -> int:
     """The training run of ``train``; under torchrun every rank runs it. Returns the exit code."""
     console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    model_config, config = configs_from_args(args, args.vocab_size)
     set_seed(config.seed + distributed.rank())
     resuming = distributed.on_main(lambda: run.open(asdict(config), Seq2SeqTrainConfig.IDENTITY, model_config.to_dict(),
                                                     args.overwrite, args.resume,
@@ -195,7 +171,7 @@ def add_translate_parser(sub) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0,
                    help="beam hypotheses are ranked by log-prob / length**PENALTY (0 favours short output)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
-    add_runtime_args(p)
+    add_flags(p, RuntimeConfig)
 
 
 def read_inputs(texts: list[str], file: str | None) -> list[str]:
@@ -249,7 +225,7 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument("--samples", type=int, default=5, help="sample translations to print and store")
     p.add_argument("--report", help="JSON report path (default: RUN/eval-SPLIT-beamK.json)")
     p.add_argument("--translations", help="also write every translation to this file, one per line")
-    add_runtime_args(p)
+    add_flags(p, RuntimeConfig)
 
 
 def evaluate(args: argparse.Namespace) -> int:

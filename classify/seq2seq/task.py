@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import ClassVar
 
 import torch
 from tokenizers import Tokenizer
 
-from ..cli import RunConfig
+from ..engine.config import RunConfig, fraction, positive, setting
 from ..engine.loop import Task
-from ..models import Transformer
+from ..errors import ClassifyError
+from ..models import Transformer, TransformerConfig
 from .data import PairCollate, decode_ids, pair_lengths, special_ids
 from .metrics import bleu_scores, corpus_loss, summed_loss
 from .translate import translate_ids
@@ -20,19 +21,28 @@ BEST_BY = ("bleu", "loss")
 
 @dataclass(kw_only=True)
 class Seq2SeqTrainConfig(RunConfig):
-    """Everything that defines a translation training run except the model sizes (stored in config.json)."""
+    """Everything that defines a translation training run except the model (config.json's "train")."""
 
-    src_lang: str = "de"
-    tgt_lang: str = "en"
-    epochs: int = 10
-    warmup: int = 400
-    weight_decay: float = 0.01
-    max_tokens: int = 2048
-    label_smoothing: float = 0.1
-    vocab_size: int = 8000
-    best_by: str = "bleu"
+    data: str = RunConfig.redefault("data", MISSING, "folder with train.de/train.en, val.de/val.en (and test.*)")
+    src_lang: str = setting("de", "source file suffix")
+    tgt_lang: str = setting("en", "target file suffix")
+    vocab_size: int = setting(8000, "joint source+target BPE vocabulary size", check=positive)
+    epochs: int = RunConfig.redefault("epochs", 10)
+    warmup: int = RunConfig.redefault("warmup", 400)
+    weight_decay: float = RunConfig.redefault("weight_decay", 0.01)
+    max_tokens: int = setting(2048, "token budget per batch (padded length of the longer side x sentences)",
+                              check=positive)
+    label_smoothing: float = setting(0.1, "label smoothing of the cross-entropy", check=fraction)
+    best_by: str = setting("bleu", "which validation score picks model.safetensors (bleu: greedy decoding of val "
+                                   "at each validation)", choices=BEST_BY)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*RunConfig.IDENTITY, "src_lang", "tgt_lang", "vocab_size")
+
+    def validate(self, model: TransformerConfig) -> None:
+        super().validate(model)
+        if self.max_tokens < model.max_len:
+            raise ClassifyError(f"--max-tokens {self.max_tokens} cannot hold one sequence of --max-len "
+                                f"{model.max_len}")
 
 
 class TranslationTask(Task):
