@@ -4,8 +4,8 @@
 
 * :func:`adopt_pretrained` before building anything: the model sizes, tokenizer kind and
   vocabulary come from the pretraining run's config.json (a flag given on the command line
-  that disagrees is one clear error), and the learning-rate default drops to
-  :data:`FINETUNE_LR` unless ``--lr`` is given;
+  that disagrees is one clear error), the learning-rate default drops to :data:`FINETUNE_LR`
+  unless ``--lr`` is given, and ``--val-size`` defaults to the split pretraining left out;
 * :func:`load_pretrained_encoder` after building the classifier: exactly the ``embed.*`` and
   ``encoder.*`` tensors are copied; the classification head stays freshly initialised;
 * :func:`layer_lr_scale` for ``--layer-decay``: lower learning rates for lower layers
@@ -91,6 +91,8 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if "lr" not in given:
         args.lr = FINETUNE_LR
     pre = config.get("train", {})
+    if args.val_size is None:  # validate on the split pretraining left out
+        args.val_size = pre.get("val_size")
     if (pre.get("val_size"), pre.get("seed")) != (args.val_size, args.seed) or args.limit:
         # Not an error: fine, but this run's validation reviews may have been seen (unlabelled) in pretraining.
         if not args.quiet:

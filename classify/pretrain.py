@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, asdict, dataclass
+from dataclasses import MISSING, dataclass
 from functools import partial
 from typing import ClassVar
 
@@ -29,10 +29,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, from_args,
-                             open_fraction, positive, runtime, setting)
-from .engine import distributed
+                             open_fraction, positive, setting)
 from .engine.device import autocast, to_device
-from .engine.loop import FitResult, Task, fit, set_seed
+from .engine.loop import FitResult, Task, fit, run_trainer
 from .engine.runfolder import RunFolder
 from .errors import ClassifyError, run_cli
 from .mlm import MaskedLM, Masker, mlm_loss
@@ -212,18 +211,13 @@ def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, d
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model_config, config = configs_from_args(args)
-    device, dtype = runtime(config)
-    with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return pretrain(args, model_config, config, run, device, dtype)
+    return run_trainer(KIND, config, args, partial(pretrain, args, model_config, config))
 
 
 def pretrain(args: argparse.Namespace, model_config: ClassifierConfig, config: PretrainConfig, run: RunFolder,
-             device: torch.device, dtype: torch.dtype | None) -> int:
+             device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
     """The pretraining run of ``main``; under torchrun every rank runs it. Returns the exit code."""
-    console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    set_seed(config.seed + distributed.rank())
-    resuming = distributed.on_main(lambda: run.open(asdict(config), PretrainConfig.IDENTITY,
-                                                    model_config.to_dict(), args.overwrite, args.resume))
+    resuming = run.open(config, model_config, args.overwrite, args.resume)
 
     # ---- data: load, tokenize once (int32 arrays)
     t0 = time.monotonic()
@@ -236,7 +230,7 @@ def pretrain(args: argparse.Namespace, model_config: ClassifierConfig, config: P
     del train_texts, val_texts
     console.log(f"data: {what}; vocabulary {model_config.vocab_size}, "
                 f"{sum(map(len, train_ids)) / 1e6:.1f}M training tokens, {time.monotonic() - t0:.1f}s")
-    distributed.on_main(lambda: run.record(resuming, tokenizer, model_config.to_dict(), asdict(config)))
+    run.record(resuming, tokenizer, config, model_config)
 
     model = MaskedLM(model_config).to(device)
     task = MaskedLMTask(model, train_ids, val_ids, Masker(tokenizer, config.mask_prob), config, device, dtype)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, asdict, dataclass
+from dataclasses import MISSING, dataclass
+from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,10 +28,10 @@ from rich.console import Console
 from rich.table import Table
 
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
-                             from_args, positive, runtime, setting)
+                             from_args, positive, setting)
 from .engine import distributed
 from .engine.files import load_model_weights
-from .engine.loop import FitResult, Task, fit, set_seed
+from .engine.loop import FitResult, Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
@@ -71,7 +72,7 @@ class TrainConfig(ReviewRunConfig):
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
-        if self.limit is not None and self.limit <= self.val_size:
+        if self.limit is not None and self.val_size is not None and self.limit <= self.val_size:
             raise ClassifyError(f"--limit {self.limit} leaves no training data after --val-size {self.val_size}")
 
 
@@ -177,24 +178,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.init_from:
         adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
     model_config, config = configs_from_args(args)
-    device, dtype = runtime(config)
-    with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return train(args, model_config, config, run, device, dtype)
+    return run_trainer(KIND, config, args, partial(train, args, model_config, config))
 
 
 def train(args: argparse.Namespace, model_config: ClassifierConfig, config: TrainConfig, run: RunFolder,
-          device: torch.device, dtype: torch.dtype | None) -> int:
+          device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
     """The training run of ``main``; under torchrun every rank runs it. Returns the exit code."""
-    console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    set_seed(config.seed + distributed.rank())  # other dropout masks per rank; DDP gives all rank 0's weights
-    resuming = distributed.on_main(lambda: run.open(asdict(config), TrainConfig.IDENTITY, model_config.to_dict(),
-                                                    args.overwrite, args.resume))
-
-    # ---- data: load, split, tokenize once
+    # ---- data: load, split (which settles the validation size), open the run folder, tokenize once
     t0 = time.monotonic()
     train_set, val_set = training_split(config.data, config.val_size, config.seed, config.limit)
     if len(set(train_set.labels)) < 2:
         raise ClassifyError(f"the training data from {config.data} has only one class ({train_set.labels[0]})")
+    if config.val_size is None:
+        config.val_size = len(val_set)
+        console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
+                    f"most 2,500; --val-size sets another number)")
+    resuming = run.open(config, model_config, args.overwrite, args.resume)
 
     def make_tokenizer():
         if config.init_from:
@@ -207,8 +206,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     val_ids = encode_reviews(tokenizer, val_set.texts, model_config.max_len, config.truncation)
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}, "
                 f"vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
-    distributed.on_main(lambda: run.record(resuming, tokenizer, model_config.to_dict(), asdict(config),
-                                           labels=list(LABEL_NAMES)))
+    run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
 
     model = Classifier(model_config).to(device)
     if config.init_from:  # on resume, last/ then replaces these weights

@@ -17,16 +17,8 @@ import pytest
 import torch
 
 from classify.engine.files import load_tensors, read_jsonl, write_json
-from classify.engine.runfolder import (
-    CONFIG,
-    FORMAT_VERSION,
-    LAST,
-    METRICS,
-    TEST_METRICS,
-    TOKENIZER,
-    WEIGHTS,
-    read_config,
-)
+from classify.engine.runfolder import (CONFIG, FORMAT_VERSION, LAST, METRICS, TEST_METRICS, TOKENIZER, WEIGHTS,
+                                       read_config)
 from classify.errors import run_cli
 from classify.generate import generate
 from classify.seq2seq.cli import main

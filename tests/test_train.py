@@ -1,4 +1,4 @@
-"""python -m classify.train end to end: run folder, resume equivalence, Ctrl-C, atomic writes, errors."""
+"""python -m classify.train end to end: run folder, Ctrl-C, atomic writes, errors (kill-and-resume: test_loop.py)."""
 
 import json
 import os
@@ -42,36 +42,6 @@ def run_steps(data, out, *extra):
 def last_weights(run):
     state = json.loads((run / "last" / "state.json").read_text())
     return state, load_file(str(run / "last" / state["weights_file"]))
-
-
-def test_resume_after_kill_matches_uninterrupted(parquet_data, tmp_path, monkeypatch):
-    assert run_steps(parquet_data, tmp_path / "straight") == 0
-
-    real_step, calls = loop.optimizer_step, {"n": 0}
-
-    def crash_at_13(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 13:
-            raise RuntimeError("simulated kill")  # files are left as a SIGKILL would leave them
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "optimizer_step", crash_at_13)
-    with pytest.raises(RuntimeError, match="simulated kill"):
-        run_steps(parquet_data, tmp_path / "killed")
-    state, _ = last_weights(tmp_path / "killed")
-    assert state["step"] == 10  # the last periodic save before the kill
-    monkeypatch.setattr(loop, "optimizer_step", real_step)
-    assert run_steps(parquet_data, tmp_path / "killed") == 0
-
-    a_state, a = last_weights(tmp_path / "straight")
-    b_state, b = last_weights(tmp_path / "killed")
-    assert a_state["step"] == b_state["step"] == 24
-    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
-    best_a = load_file(str(tmp_path / "straight" / "model.safetensors"))
-    best_b = load_file(str(tmp_path / "killed" / "model.safetensors"))
-    assert all((best_a[k] == best_b[k]).all() for k in best_a)
-    steps = [r["step"] for r in read_jsonl(tmp_path / "killed" / "metrics.jsonl")]
-    assert steps == [8, 16, 24]  # no duplicated evaluations after the resume
 
 
 def test_ctrl_c_saves_and_exits_cleanly(parquet_data, tmp_path, monkeypatch):
@@ -182,3 +152,17 @@ def test_real_imdb_sample_beats_chance(shared_imdb, tmp_path):
                  "--warmup", "20", "--quiet", "--no-test"]) == 0
     best = max(r["val_accuracy"] for r in read_jsonl(out / "metrics.jsonl"))
     assert best > 0.68, best
+
+
+def test_validation_size_follows_the_data_when_not_given(parquet_data, tmp_path, capsys):
+    from classify.text.data import default_val_size
+
+    assert (default_val_size(25000), default_val_size(3000), default_val_size(400)) == (2500, 300, 40)
+    i = TINY_MODEL_ARGS.index("--val-size")
+    tiny = TINY_MODEL_ARGS[:i] + TINY_MODEL_ARGS[i + 2:]
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--limit", "300", "--max-steps", "2",
+                 *tiny]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["val_size"] == 30  # recorded: resumes compare it
+    assert main(["--data", str(parquet_data), "--output", str(out), "--limit", "300", "--max-steps", "4",
+                 *tiny]) == 0  # the same default again: the same run, resumed

@@ -174,7 +174,8 @@ class ReviewRunConfig(RunConfig):
     tokenizer: str = setting("word", "tokenizer kind, trained on the training text", choices=KINDS)
     truncation: str = setting("head+tail", "which part of a long review to keep (head+tail: first quarter + last "
                                            "three quarters)", choices=TRUNCATIONS)
-    val_size: int = setting(2500, "validation reviews carved from train (stratified)", check=non_negative)
+    val_size: int | None = setting(None, "validation reviews carved from train (stratified); default: 10%% of the "
+                                         "training reviews, at most 2,500", check=non_negative)
     limit: int | None = setting(None, "use only N training reviews, a seeded random sample (quick runs)",
                                 check=positive)
 

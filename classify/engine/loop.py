@@ -14,6 +14,7 @@ all-reduce) whether any rank was told to stop or ran out of time, and all stop a
 
 from __future__ import annotations
 
+import argparse
 import random
 import signal
 import time
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..text.batching import BucketBatchSampler
 from . import distributed
+from .config import runtime
 from .device import autocast, grad_scaler, pin_memory, to_device
 from .optim import budgeted_lr_multiplier, build_optimizer, optimizer_step, set_lr
 from .progress import TrainingProgress
@@ -82,6 +84,18 @@ class FitResult:
     @property
     def interrupted(self) -> bool:
         return self.reason == "interrupted"
+
+
+def run_trainer(kind: str, config, args: argparse.Namespace,
+                train: Callable[[RunFolder, torch.device, torch.dtype | None, Console], int]) -> int:
+    """What every trainer's ``main`` does around its ``train``: resolve the device, join torchrun's process
+    group (a no-op without torchrun), hold the ``kind`` run folder ``args.output``, seed each rank (other
+    dropout masks per rank; DDP gives all of them rank 0's weights) and log on rank 0 alone."""
+    device, dtype = runtime(config)
+    with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, kind) as run:
+        set_seed(config.seed + distributed.rank())
+        console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
+        return train(run, device, dtype, console)
 
 
 def set_seed(seed: int) -> None:

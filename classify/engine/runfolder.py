@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+from dataclasses import asdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,17 +40,8 @@ from tokenizers import Tokenizer
 from ..errors import ClassifyError
 from ..text.tokenize import load_tokenizer
 from . import distributed
-from .files import (
-    append_jsonl,
-    load_model_weights,
-    load_tensors,
-    model_state,
-    read_json,
-    read_jsonl,
-    save_tensors,
-    write_json,
-    write_text,
-)
+from .files import (append_jsonl, load_model_weights, load_tensors, model_state, read_json, read_jsonl, save_tensors,
+                    write_json, write_text)
 
 FORMAT_VERSION = 1
 CONFIG = "config.json"
@@ -97,7 +89,9 @@ class RunFolder:
     ``open`` takes the folder's lock (``fcntl.flock`` on ``.lock``: the operating system
     releases it when the process ends, however it ends, so a killed run never blocks the
     next) and decides between a fresh run and a resume; the other methods write its files.
-    Use it as a context manager, or call ``release``.
+    Under torchrun every rank calls ``open``, ``tokenizer`` and ``record`` (rank 0 does the
+    work, the others get its answer); the loop calls the rest on rank 0 alone. Use it as a
+    context manager, or call ``release``.
     """
 
     def __init__(self, path: str | Path, kind: str):
@@ -140,20 +134,26 @@ class RunFolder:
         self._lock = None
 
     # ---- starting
-    def open(self, train: dict[str, Any], identity: tuple[str, ...], model: dict[str, Any], overwrite: bool,
-             resume: bool = False, sized_by_tokenizer: tuple[str, ...] = ("vocab_size",)) -> bool:
-        """Take the lock, then decide between a fresh run and continuing the one here. Returns True
-        when resuming; ``resume`` (``--resume``) makes a fresh start an error.
+    def open(self, config: Any, model: Any, overwrite: bool, resume: bool = False,
+             sized_by_tokenizer: tuple[str, ...] = ("vocab_size",)) -> bool:
+        """Take the lock, then decide between a fresh run and continuing the one here, for the run
+        settings ``config`` (a ``RunConfig``) and the model config ``model``. Returns True when resuming;
+        ``resume`` (``--resume``) makes a fresh start an error. Every rank calls it; rank 0 decides.
 
         A folder holding another kind of run, or a run whose ``identity`` training fields or model
         sizes differ, is refused unless ``overwrite`` (which empties it). Sizes set by the tokenizer
         (``sized_by_tokenizer``) are known only after training it and are not compared.
         """
-        self.acquire()
-        resuming = self._decide(train, identity, model, overwrite, sized_by_tokenizer)
-        if resume and not resuming:
-            raise ClassifyError(f"--resume: {self.path} holds no run to continue (leave out --resume to start one)")
-        return resuming
+        def decide() -> bool:
+            self.acquire()
+            resuming = self._decide(asdict(config), type(config).IDENTITY, model.to_dict(), overwrite,
+                                    sized_by_tokenizer)
+            if resume and not resuming:
+                raise ClassifyError(f"--resume: {self.path} holds no run to continue (leave out --resume to "
+                                    f"start one)")
+            return resuming
+
+        return distributed.on_main(decide)
 
     def _decide(self, train: dict[str, Any], identity: tuple[str, ...], model: dict[str, Any], overwrite: bool,
                 sized_by_tokenizer: tuple[str, ...]) -> bool:
@@ -176,10 +176,15 @@ class RunFolder:
                                 f"choose another --output or pass --overwrite")
         return (self.path / LAST / "state.json").exists() or (self.path / WEIGHTS).exists()
 
-    def record(self, resuming: bool, tokenizer: Tokenizer, model: dict[str, Any], train: dict[str, Any],
-               **extra: Any) -> None:
+    def record(self, resuming: bool, tokenizer: Tokenizer, config: Any, model: Any, **extra: Any) -> None:
         """Write tokenizer.json and config.json of a fresh run; on resume keep the model section and the
-        extras as they were and record the training settings as the latest (budget, epochs, ... may change)."""
+        extras as they were and record the run settings ``config`` as the latest (budget, epochs, ... may
+        change). Every rank calls it; rank 0 writes."""
+        if distributed.is_main():
+            self._record(resuming, tokenizer, asdict(config), model.to_dict(), extra)
+
+    def _record(self, resuming: bool, tokenizer: Tokenizer, train: dict[str, Any], model: dict[str, Any],
+                extra: dict[str, Any]) -> None:
         if resuming:
             old = read_config(self.path, self.kind)
             model, extra = old["model"], {k: v for k, v in old.items()

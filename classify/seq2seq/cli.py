@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, add_run_folder_args, from_args, runtime
 from ..engine import distributed
 from ..engine.files import load_model_weights, write_json, write_text
-from ..engine.loop import FitResult, fit, set_seed
+from ..engine.loop import FitResult, fit, run_trainer
 from ..engine.runfolder import WEIGHTS, RunFolder
 from ..errors import ClassifyError
 from ..models import Transformer, TransformerConfig
@@ -83,19 +83,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[TransformerConfig, Seq2
 
 def train(args: argparse.Namespace) -> int:
     model_config, config = configs_from_args(args)
-    device, dtype = runtime(config)
-    with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, KIND) as run:
-        return train_run(args, model_config, config, run, device, dtype)
+    return run_trainer(KIND, config, args, partial(train_run, args, model_config, config))
 
 
 def train_run(args: argparse.Namespace, model_config: TransformerConfig, config: Seq2SeqTrainConfig, run: RunFolder,
-              device: torch.device, dtype: torch.dtype | None) -> int:
+              device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
     """The training run of ``train``; under torchrun every rank runs it. Returns the exit code."""
-    console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())
-    set_seed(config.seed + distributed.rank())
-    resuming = distributed.on_main(lambda: run.open(asdict(config), Seq2SeqTrainConfig.IDENTITY, model_config.to_dict(),
-                                                    args.overwrite, args.resume,
-                                                    sized_by_tokenizer=("src_vocab_size", "tgt_vocab_size")))
+    resuming = run.open(config, model_config, args.overwrite, args.resume,
+                        sized_by_tokenizer=("src_vocab_size", "tgt_vocab_size"))
 
     # ---- data: load, (train the tokenizer,) tokenize once
     t0 = time.monotonic()
@@ -111,7 +106,7 @@ def train_run(args: argparse.Namespace, model_config: TransformerConfig, config:
     console.log(f"data: {len(src_ids)} train pairs ({skipped} longer than {max_len} tokens skipped) / "
                 f"{len(val_pairs)} validation pairs from {config.data}, joint vocabulary "
                 f"{tokenizer.get_vocab_size()}, {time.monotonic() - t0:.1f}s")
-    distributed.on_main(lambda: run.record(resuming, tokenizer, model_config.to_dict(), asdict(config)))
+    run.record(resuming, tokenizer, config, model_config)
 
     model = Transformer(model_config).to(device)
     task = TranslationTask(model, tokenizer, src_ids, tgt_ids, val_src, val_tgt, val_pairs.tgt, config, device, dtype)

@@ -204,13 +204,23 @@ def stratified_split(labels: list[int], val_size: int, seed: int) -> tuple[list[
     return sorted(train_idx.tolist()), sorted(val_idx.tolist())
 
 
-def training_split(source: str, val_size: int, seed: int, limit: int | None = None) -> tuple[Examples, Examples]:
+def default_val_size(examples: int) -> int:
+    """Validation examples carved from ``examples`` training examples when no size is asked for: 10%, at
+    most 2,500 (IMDB's 25,000 give 2,500; ``--limit 3000`` gives 300 and trains on 2,700)."""
+    return min(2500, examples // 10)
+
+
+def training_split(source: str, val_size: int | None, seed: int,
+                   limit: int | None = None) -> tuple[Examples, Examples]:
     """The (train, validation) examples of a run: ``source``'s train split, cut to a seeded sample of
-    ``limit`` reviews if given, then split stratified. ``classify.train`` trains on exactly this, and
-    ``classify.evaluate --baseline`` rebuilds it from a run's config.json."""
+    ``limit`` reviews if given, then split stratified (``val_size`` None: ``default_val_size``).
+    ``classify.train`` trains on exactly this, and ``classify.evaluate --baseline`` rebuilds it from a
+    run's config.json."""
     full = load_split(source, "train")
     if limit and limit < len(full):
         # A seeded sample, not the file's first rows: IMDB files are sorted by label.
         full = full.subset(sorted(np.random.default_rng(seed).permutation(len(full))[:limit]))
+    if val_size is None:
+        val_size = default_val_size(len(full))
     train_idx, val_idx = stratified_split(full.labels, val_size, seed)
     return full.subset(train_idx), full.subset(val_idx)
