@@ -26,12 +26,11 @@ from typing import ClassVar
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, from_args,
                              open_fraction, positive, setting)
 from .engine.device import autocast, to_device
-from .engine.loop import FitResult, Task, fit, run_trainer
+from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import RunFolder
 from .errors import ClassifyError, run_cli
 from .mlm import MaskedLM, Masker, mlm_loss
@@ -238,20 +237,10 @@ def pretrain(args: argparse.Namespace, model_config: ClassifierConfig, config: P
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet, validate_first=True)
     if result.interrupted:
         return 130
-    print_summary(console, run, result)
+    result.print_summary(console, "classify.pretrain", run, [
+        ("best validation MLM loss", f"{-result.state['best']:.4f}"),
+        ("fine-tune with", f"python -m classify.train --init-from {run.path} --output ...")])
     return 0
-
-
-def print_summary(console: Console, run: RunFolder, result: FitResult) -> None:
-    table = Table(title=f"classify.pretrain: {run.path}", show_header=False)
-    table.add_row("stopped", result.reason)
-    table.add_row("steps / epochs", f"{result.state['step']} / {result.state['epoch']}")
-    table.add_row("tokens seen", f"{result.state['tokens'] / 1e6:.1f}M")
-    table.add_row("training time", f"{result.seconds / 60:.1f} min")
-    table.add_row("best validation MLM loss", f"{-result.state['best']:.4f}")
-    table.add_row("fine-tune with", f"python -m classify.train --init-from {run.path} --output ...")
-    table.add_row("run folder", str(run.path))
-    console.print(table)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from rich.table import Table
 
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
                              from_args, positive, setting)
 from .engine import distributed
 from .engine.files import load_model_weights
-from .engine.loop import FitResult, Task, fit, run_trainer
+from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
@@ -217,7 +216,11 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         return 130
     if distributed.is_main():  # one evaluation of the best weights on the test split, rank 0's model alone
         test_metrics = None if args.no_test else evaluate_test(run, config, model, tokenizer, device, dtype, console)
-        print_summary(console, run, result, test_metrics)
+        rows = [("best validation accuracy", f"{result.state['best']:.4f}")]
+        if test_metrics:
+            rows += [("test accuracy", f"{test_metrics['accuracy']:.4f}  ({test_metrics['examples']} reviews)"),
+                     ("test loss", f"{test_metrics['loss']:.4f}")]
+        result.print_summary(console, "classify.train", run, rows)
     return 0
 
 
@@ -240,19 +243,6 @@ def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokeni
     metrics.update({"split": "test", "examples": len(ids), "seconds": round(time.monotonic() - t0, 1)})
     run.write_test_metrics(metrics)
     return metrics
-
-
-def print_summary(console: Console, run: RunFolder, result: FitResult, test: dict | None) -> None:
-    table = Table(title=f"classify.train: {run.path}", show_header=False)
-    table.add_row("stopped", result.reason)
-    table.add_row("steps / epochs", f"{result.state['step']} / {result.state['epoch']}")
-    table.add_row("training time", f"{result.seconds / 60:.1f} min")
-    table.add_row("best validation accuracy", f"{result.state['best']:.4f}")
-    if test:
-        table.add_row("test accuracy", f"{test['accuracy']:.4f}  ({test['examples']} reviews)")
-        table.add_row("test loss", f"{test['loss']:.4f}")
-    table.add_row("run folder", str(run.path))
-    console.print(table)
 
 
 if __name__ == "__main__":

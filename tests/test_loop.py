@@ -30,6 +30,14 @@ LOOP_ARGS = ["--max-steps", "24", "--epochs", "5", "--eval-every", "8", "--save-
 TIMES = ("elapsed_s", "tokens_per_s", "validation_s")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def restore_threads():
+    """--threads 1 sets a process-wide torch setting: give the other test modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("toy"), {"train": 200, "val": 20})
@@ -37,8 +45,9 @@ def corpus(tmp_path_factory) -> Path:
 
 def command(kind: str, parquet_data: Path, corpus: Path, out: Path) -> tuple:
     """(main, argv) of a small run of trainer ``kind`` into ``out``."""
-    if kind == "classifier":
-        return train_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_MODEL_ARGS]
+    if kind == "classifier":  # one thread, as the other two: tiny models crawl on two busy ones
+        return train_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_MODEL_ARGS,
+                            "--threads", "1"]
     if kind == "pretrain":
         return pretrain_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_PRETRAIN_ARGS]
     return seq2seq_main, ["train", "--data", str(corpus), "--output", str(out), *LOOP_ARGS, *TINY_SEQ2SEQ_ARGS]

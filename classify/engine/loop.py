@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
+from rich.table import Table
 from torch import nn
 
 from ..text.batching import BucketBatchSampler
@@ -84,6 +85,16 @@ class FitResult:
     @property
     def interrupted(self) -> bool:
         return self.reason == "interrupted"
+
+    def print_summary(self, console: Console, title: str, run: RunFolder, rows: list[tuple[str, str]]) -> None:
+        """The end-of-run table: how the run stopped and how long it trained, the task's ``rows``, the folder."""
+        table = Table(title=f"{title}: {run.path}", show_header=False)
+        state = self.state
+        for name, value in [("stopped", self.reason), ("steps / epochs", f"{state['step']} / {state['epoch']}"),
+                            ("tokens seen", f"{state['tokens'] / 1e6:.1f}M"),
+                            ("training time", f"{self.seconds / 60:.1f} min"), *rows, ("run folder", str(run.path))]:
+            table.add_row(name, value)
+        console.print(table)
 
 
 def run_trainer(kind: str, config, args: argparse.Namespace,

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, add_run_folder_args, from_args, runtime
 from ..engine import distributed
 from ..engine.files import load_model_weights, write_json, write_text
-from ..engine.loop import FitResult, fit, run_trainer
+from ..engine.loop import fit, run_trainer
 from ..engine.runfolder import WEIGHTS, RunFolder
 from ..errors import ClassifyError
 from ..models import Transformer, TransformerConfig
@@ -115,7 +115,14 @@ def train_run(args: argparse.Namespace, model_config: TransformerConfig, config:
         return 130
     if distributed.is_main():
         test_metrics = evaluate_test(run, config, model, tokenizer, device, dtype, console)
-        print_summary(console, run, result, test_metrics, config.best_by)
+        best, rows = result.state["best"], []
+        if best is not None:
+            rows.append(("best validation", f"BLEU {best:.2f}" if config.best_by == "bleu" else f"loss {-best:.4f}"))
+        if test_metrics:
+            rows += [("test BLEU (greedy)", f"{test_metrics['bleu']:.2f}  (lower-cased "
+                                            f"{test_metrics['bleu_lowercase']:.2f}, chrF {test_metrics['chrf']:.2f})"),
+                     ("test loss / perplexity", f"{test_metrics['loss']:.4f} / {test_metrics['perplexity']:.2f}")]
+        result.print_summary(console, "classify.seq2seq train", run, rows)
     return 0
 
 
@@ -135,22 +142,6 @@ def evaluate_test(run: RunFolder, config: Seq2SeqTrainConfig, model: Transformer
     metrics["split"] = "test"
     run.write_test_metrics(metrics)
     return metrics
-
-
-def print_summary(console: Console, run: RunFolder, result: FitResult, test: dict | None, best_by: str) -> None:
-    table = Table(title=f"classify.seq2seq train: {run.path}", show_header=False)
-    table.add_row("stopped", result.reason)
-    table.add_row("steps / epochs", f"{result.state['step']} / {result.state['epoch']}")
-    table.add_row("training time", f"{result.seconds / 60:.1f} min")
-    best = result.state["best"]
-    if best is not None:
-        table.add_row("best validation", f"BLEU {best:.2f}" if best_by == "bleu" else f"loss {-best:.4f}")
-    if test:
-        table.add_row("test BLEU (greedy)", f"{test['bleu']:.2f}  (lower-cased {test['bleu_lowercase']:.2f}, "
-                                           f"chrF {test['chrf']:.2f})")
-        table.add_row("test loss / perplexity", f"{test['loss']:.4f} / {test['perplexity']:.2f}")
-    table.add_row("run folder", str(run.path))
-    console.print(table)
 
 
 # ------------------------------------------------------------------------ translate
