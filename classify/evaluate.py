@@ -24,13 +24,14 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from . import checkpoint
-from .cli import HelpFormatter, add_runtime_args
-from .data import Examples, default_source, load_split, normalize, training_split
+from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from .engine.files import read_jsonl, write_json
+from .engine.progress import progress_bar
+from .engine.runfolder import METRICS
 from .errors import ClassifyError, run_cli
-from .inference import encode_texts, predict_ids
-from .predict import open_run, progress_bar
+from .inference import encode_texts, open_run, predict_ids
 from .report import print_summary, write_markdown, write_plots
+from .text.data import Examples, default_source, load_split, normalize, training_split
 
 TRANSFORMER = "transformer"
 MISTAKE_CHARS = 2000  # text kept per confident mistake in metrics.json / report.md
@@ -51,8 +52,13 @@ def expected_calibration_error(y: np.ndarray, probs: np.ndarray, bins: int) -> f
 def classification_metrics(y: np.ndarray, probs: np.ndarray, labels: list[str], bins: int) -> dict[str, Any]:
     """Everything in the report for one system's probabilities ``probs`` (N, C) against labels ``y``."""
     from sklearn.calibration import calibration_curve
-    from sklearn.metrics import (accuracy_score, confusion_matrix, log_loss, precision_recall_fscore_support,
-                                 roc_auc_score)
+    from sklearn.metrics import (
+        accuracy_score,
+        confusion_matrix,
+        log_loss,
+        precision_recall_fscore_support,
+        roc_auc_score,
+    )
 
     classes = list(range(len(labels)))
     predicted = probs.argmax(axis=1)
@@ -241,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
     p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
-    add_runtime_args(p)
+    add_flags(p, RuntimeConfig)
     p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
@@ -253,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) <= 0:
             raise ClassifyError(f"--{flag.replace('_', '-')} must be positive")
     console = Console(stderr=True, quiet=args.quiet)
-    run, device, dtype = open_run(args.model, args, console)
+    device, dtype = runtime(args)
+    run = open_run(args.model, device, dtype, console)
     source = args.data or (run.config.get("train") or {}).get("data") or default_source()
     data = load_split(source, args.split, num_classes=len(run.labels))
     rows = np.arange(len(data))
@@ -315,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics["training"] = _training_summary(history)
 
     metrics["plots"] = write_plots(out, y, probabilities, metrics, history, console)
-    checkpoint.write_json(out / "metrics.json", metrics)
+    write_json(out / "metrics.json", metrics)
     write_markdown(out / "report.md", metrics)
     print_summary(console, metrics)
     console.print(f"report: {escape(str(out / 'report.md'))}")
@@ -325,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
 def _training_history(run: Path, console: Console) -> list[dict[str, Any]]:
     """The run's metrics.jsonl (one record per validation), or [] when it is missing or unreadable."""
     try:
-        return checkpoint.read_jsonl(run / checkpoint.METRICS)
+        return read_jsonl(run / METRICS)
     except (ValueError, UnicodeDecodeError) as err:
-        console.print(f"[yellow]note:[/] no training curves: {escape(str(run / checkpoint.METRICS))} is corrupt ({err})")
+        console.print(f"[yellow]note:[/] no training curves: {escape(str(run / METRICS))} is corrupt ({err})")
         return []
 
 

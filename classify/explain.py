@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from rich.text import Text
 
-from .data import normalize
 from .inference import LoadedRun
-from .tokenize import truncate
+from .text.data import normalize
+from .text.tokenize import truncate
 
 _WORD = re.compile(r"\S+")
 

@@ -4,8 +4,8 @@
 
 * :func:`adopt_pretrained` before building anything: the model sizes, tokenizer kind and
   vocabulary come from the pretraining run's config.json (a flag given on the command line
-  that disagrees is one clear error), and the learning-rate default drops to
-  :data:`FINETUNE_LR` unless ``--lr`` is given;
+  that disagrees is one clear error), the learning-rate default drops to :data:`FINETUNE_LR`
+  unless ``--lr`` is given, and ``--val-size`` defaults to the split pretraining left out;
 * :func:`load_pretrained_encoder` after building the classifier: exactly the ``embed.*`` and
   ``encoder.*`` tensors are copied; the classification head stays freshly initialised;
 * :func:`layer_lr_scale` for ``--layer-decay``: lower learning rates for lower layers
@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint
+from .engine.files import load_model_weights
+from .engine.runfolder import TOKENIZER, WEIGHTS, read_config
+from .engine.config import flag
 from .errors import ClassifyError
 from .models import Classifier
 
@@ -35,11 +37,10 @@ ENCODER_FIELDS = ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "m
 
 
 def _inherited(config: dict[str, Any]) -> dict[str, Any]:
-    """classify.train flag destinations -> the value the pretraining run fixes for them."""
+    """classify.train settings -> the value the pretraining run fixes for them (flags and fields share names)."""
     model, train = config["model"], config.get("train", {})
-    return {"d_model": model["d_model"], "layers": model["num_layers"], "heads": model["num_heads"],
-            "d_ff": model["d_ff"], "max_len": model["max_len"], "positional": model["positional"],
-            "post_ln": not model["norm_first"], "no_padding_mask": not model["mask_padding"],
+    return {**{name: model[name] for name in ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "positional",
+                                              "norm_first", "mask_padding")},
             "vocab_size": train.get("vocab_size"), "tokenizer": train.get("tokenizer")}
 
 
@@ -52,11 +53,10 @@ def _given(parser: argparse.ArgumentParser, argv: Sequence[str] | None, dests: S
 
 
 def _flag(dest: str, value: Any) -> str:
-    """How a flag's value reads on a command line: ``--d-model 128``, ``--post-ln``, ``no --post-ln``."""
-    flag = "--" + dest.replace("_", "-")
+    """How a setting reads on a command line: ``--d-model 128``, ``--norm-first``, ``--no-norm-first``."""
     if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    return f"{flag} {value}"
+        return flag(dest) if value else f"--no-{flag(dest)[2:]}"
+    return f"{flag(dest)} {value}"
 
 
 def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
@@ -68,10 +68,10 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
     """
     run = Path(args.init_from)
     try:
-        config = checkpoint.read_config(run, PRETRAIN_KIND)
+        config = read_config(run, PRETRAIN_KIND)
     except ClassifyError as err:
         raise ClassifyError(f"--init-from: {err}") from None
-    for name in (checkpoint.TOKENIZER, checkpoint.WEIGHTS):
+    for name in (TOKENIZER, WEIGHTS):
         if not (run / name).exists():
             raise ClassifyError(f"--init-from {run}: no {name} (the pretraining run has not saved weights yet)")
     try:
@@ -91,6 +91,8 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if "lr" not in given:
         args.lr = FINETUNE_LR
     pre = config.get("train", {})
+    if args.val_size is None:  # validate on the split pretraining left out
+        args.val_size = pre.get("val_size")
     if (pre.get("val_size"), pre.get("seed")) != (args.val_size, args.seed) or args.limit:
         # Not an error: fine, but this run's validation reviews may have been seen (unlabelled) in pretraining.
         if not args.quiet:
@@ -104,13 +106,13 @@ def load_pretrained_encoder(model: Classifier, run: str | Path) -> int:
     """Copy the pretrained ``embed.*`` and ``encoder.*`` tensors into ``model``; the head keeps its
     fresh initialisation. Returns the number of tensors copied."""
     run = Path(run)
-    config = checkpoint.read_config(run, PRETRAIN_KIND)
+    config = read_config(run, PRETRAIN_KIND)
     differ = [f"{f} {getattr(model.config, f)!r} vs pretrained {config['model'].get(f)!r}"
               for f in ENCODER_FIELDS if config["model"].get(f) != getattr(model.config, f)]
     if differ:
         raise ClassifyError(f"--init-from {run}: the classifier does not match the pretrained encoder "
                             f"({'; '.join(differ)})")
-    return checkpoint.load_model_weights(model, run / checkpoint.WEIGHTS, only=("embed.", "encoder."),
+    return load_model_weights(model, run / WEIGHTS, only=("embed.", "encoder."),
                                          what="pretrained weights")
 
 

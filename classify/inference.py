@@ -1,27 +1,32 @@
-"""Running a trained classifier: load a run folder, turn texts into probabilities.
+"""Running a trained classifier: find and load a run folder, turn texts into probabilities.
 
-Shared by ``train`` (validation/test), ``predict`` and ``evaluate`` so that all three
-normalise, tokenize, truncate, batch and run the model the same way.
+Shared by ``train`` (validation/test), ``predict``, ``evaluate`` and the server so that all
+of them normalise, tokenize, truncate, batch and run the model the same way.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.markup import escape
 from tokenizers import Tokenizer
 
-from . import checkpoint
-from .batching import BucketBatchSampler, pad_batch
-from .data import normalize
-from .device import autocast, to_device
+from .engine.device import autocast, to_device
+from .engine.files import load_model_weights
+from .engine.runfolder import CONFIG, TOKENIZER, WEIGHTS, read_model_config
 from .errors import ClassifyError
 from .models import Classifier, ClassifierConfig
-from .tokenize import encode, load_tokenizer
+from .text.batching import BucketBatchSampler, pad_batch
+from .text.data import normalize
+from .text.tokenize import encode, load_tokenizer, truncate
 
 KIND = "classifier"
+RUNS_DIR = Path("runs")
 
 
 @dataclass
@@ -44,17 +49,42 @@ def load_run(path: str | Path, device: torch.device) -> LoadedRun:
     """Load ``config.json``, ``tokenizer.json`` and ``model.safetensors``; every way these can be
     missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
     path = Path(path)
-    config, model_config = checkpoint.read_model_config(path, KIND, ClassifierConfig)
-    tokenizer = load_tokenizer(path / checkpoint.TOKENIZER)
+    config, model_config = read_model_config(path, KIND, ClassifierConfig)
+    tokenizer = load_tokenizer(path / TOKENIZER)
     if tokenizer.get_vocab_size() != model_config.vocab_size:
         raise ClassifyError(f"tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model's embedding "
                             f"has {model_config.vocab_size}: the run folder mixes files from different runs")
     model = Classifier(model_config)
-    checkpoint.load_model_weights(model, path / checkpoint.WEIGHTS)
+    load_model_weights(model, path / WEIGHTS)
     model.to(device).eval()
     train = config.get("train", {})
     labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
     return LoadedRun(path, model, tokenizer, config, list(labels), train.get("truncation", "head+tail"))
+
+
+def newest_run(root: Path = RUNS_DIR) -> Path:
+    """The classifier run folder under ``root`` whose model.safetensors was written last (runs of
+    other kinds, e.g. translation models, live there too)."""
+    weights = sorted(root.rglob(WEIGHTS), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    for path in reversed(weights):
+        try:
+            kind = json.loads((path.parent / CONFIG).read_text(encoding="utf-8")).get("kind")
+        except (OSError, ValueError, AttributeError):
+            continue  # no or unreadable config: not a usable run
+        if kind == KIND:
+            return path.parent
+    raise ClassifyError(f"no --model given and no trained classifier run (a folder with {WEIGHTS}) "
+                        f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
+
+
+def open_run(model: str | None, device: torch.device, dtype: torch.dtype | None, console: Console) -> LoadedRun:
+    """Load the run ``model`` (or the newest one) onto ``device``, announced on ``console``."""
+    path = Path(model) if model is not None else newest_run()
+    run = load_run(path, device)
+    how = "" if model is not None else f" (the newest run under {RUNS_DIR}/; choose another with --model)"
+    console.print(f"model: {escape(str(path))}{how}, device {device}, "
+                  f"{'autocast ' + str(dtype).removeprefix('torch.') if dtype else 'fp32'}")
+    return run
 
 
 @torch.inference_mode()
@@ -97,5 +127,18 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
+def encode_reviews(tokenizer: Tokenizer, texts: list[str], max_len: int, truncation: str) -> list[list[int]]:
+    """Raw reviews -> token id lists, normalised and truncated as every command does it."""
+    return encode(tokenizer, [normalize(t) for t in texts], max_len, truncation)
+
+
 def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:
-    return encode(run.tokenizer, [normalize(t) for t in texts], run.max_len, run.truncation)
+    """Raw reviews -> the token ids ``run``'s model reads."""
+    return encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
+
+
+def encode_normalized(run: LoadedRun, texts: list[str]) -> tuple[list[list[int]], list[int]]:
+    """Normalised reviews -> (the token ids ``run``'s model reads, each review's whole token count), from one
+    tokenizer pass: the count tells whether truncation cut anything."""
+    full = [e.ids for e in run.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return [truncate(ids, run.max_len, run.truncation) for ids in full], [len(ids) for ids in full]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .core import padding_mask
 from .models import Classifier, ClassifierConfig
-from .tokenize import MASK, SPECIAL_TOKENS
+from .text.tokenize import MASK, SPECIAL_TOKENS
 
 IGNORE = -100  # target value of positions that are not predicted (F.cross_entropy's ignore_index)
 

@@ -22,6 +22,11 @@ from .ngrams import NgramBag
 __all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
 
 
+# Fields of either config that count something and must be positive.
+_SIZES = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes", "d_model", "num_heads", "num_layers",
+          "num_encoder_layers", "num_decoder_layers", "d_ff", "max_len")
+
+
 class _Config:
     """JSON round-trip for the config dataclasses; unknown keys are an error, not silently dropped."""
 
@@ -48,9 +53,20 @@ class _Config:
         return config
 
     def validate(self) -> None:
+        for name in _SIZES:
+            value = getattr(self, name, 1)
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         d, h = self.d_model, self.num_heads  # type: ignore[attr-defined]
-        if d <= 0 or h <= 0 or d % h:
-            raise ValueError(f"d_model ({d}) must be a positive multiple of num_heads ({h})")
+        if d % h:
+            raise ValueError(f"d_model ({d}) must be a multiple of num_heads ({h})")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+        positional = self.positional  # type: ignore[attr-defined]
+        if positional not in ("learned", "sinusoidal"):
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -174,7 +190,8 @@ class Transformer(nn.Module):
     """Encoder-decoder transformer (Vaswani et al. 2017), pre-LN by default.
 
     ``forward(src (B, S), tgt (B, T)) -> logits (B, T, tgt_vocab_size)``; ``tgt`` is the
-    decoder input (the target shifted right, starting with BOS).
+    decoder input (the target shifted right, starting with BOS). Greedy and beam decoding:
+    ``classify.generate``.
     """
 
     def __init__(self, config: TransformerConfig | None = None, **kwargs: Any):
@@ -215,109 +232,3 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         memory, src_mask = self.encode(src)
         return self.decode(tgt, memory, src_mask)
-
-    @torch.no_grad()
-    def generate(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, beam_size: int = 1,
-                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
-        """Autoregressive decoding. src (B, S) -> tokens (B, T) starting with ``bos_id``.
-
-        ``beam_size=1`` is greedy. Finished rows are padded with ``pad_id`` after EOS.
-        ``use_cache=False`` re-runs the whole decoder every step (for tests and benchmarks).
-        Beam hypotheses are ranked by log-prob / length**length_penalty.
-        """
-        was_training = self.training
-        self.eval()
-        try:
-            if beam_size == 1:
-                return self._greedy(src, max_new_tokens, bos_id, eos_id, use_cache)
-            return self._beam(src, max_new_tokens, bos_id, eos_id, beam_size, length_penalty, use_cache)
-        finally:
-            self.train(was_training)
-
-    def _step(self, out: Tensor, memory: Tensor, src_mask: Tensor,
-              caches: list[tuple[KVCache, KVCache]] | None) -> Tensor:
-        """Log-probabilities of the next token after ``out`` (N, t). -> (N, V)"""
-        new = out[:, -1:] if caches is not None else out
-        logits = self.decode(new, memory, src_mask, caches)[:, -1]
-        return logits.float().log_softmax(dim=-1)
-
-    def _greedy(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, use_cache: bool) -> Tensor:
-        memory, src_mask = self.encode(src)
-        caches = self.decoder.new_caches() if use_cache else None
-        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for _ in range(max_new_tokens):
-            next_token = self._step(out, memory, src_mask, caches).argmax(dim=-1)
-            next_token = next_token.masked_fill(done, self.config.pad_id)
-            out = torch.cat([out, next_token[:, None]], dim=1)
-            done |= next_token == eos_id
-            if bool(done.all()):
-                break
-        return out
-
-    def _beam(self, src: Tensor, max_new_tokens: int, bos_id: int, eos_id: int, beam_size: int,
-              length_penalty: float, use_cache: bool) -> Tensor:
-        batch, k, device = src.shape[0], beam_size, src.device
-        memory, src_mask = self.encode(src)
-        # Every source row repeated k times: hypotheses of batch b live in rows b*k .. b*k+k-1.
-        memory, src_mask = memory.repeat_interleave(k, dim=0), src_mask.repeat_interleave(k, dim=0)
-        caches = self.decoder.new_caches() if use_cache else None
-        out = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
-        scores = torch.zeros(batch, k, device=device)
-        scores[:, 1:] = float("-inf")  # all beams start identical: keep only the first alive at step 0
-        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
-
-        def rank(logp: float, length: int) -> float:
-            return logp / (length ** length_penalty)
-
-        for step in range(max_new_tokens):
-            logp = self._step(out, memory, src_mask, caches)  # (B*k, V)
-            vocab = logp.shape[-1]
-            total = (scores.view(-1, 1) + logp).view(batch, k * vocab)
-            top_scores, top_ids = total.topk(2 * k, dim=-1)  # 2k so k can survive even if k end in EOS
-            rows, tokens, new_scores = [], [], []
-            for b in range(batch):
-                alive: list[tuple[int, int, float]] = []
-                for score, idx in zip(top_scores[b].tolist(), top_ids[b].tolist()):
-                    beam, token = divmod(idx, vocab)
-                    if score == float("-inf"):
-                        break
-                    if len(finished[b]) >= k:
-                        break  # this source is done; keep filler beams below
-                    if token == eos_id:
-                        hyp = out[b * k + beam, 1:].tolist() + [token]
-                        finished[b].append((rank(score, len(hyp)), hyp))
-                    else:
-                        alive.append((beam, token, score))
-                    if len(alive) == k:
-                        break
-                while len(alive) < k:  # finished or exhausted source: inert filler beams
-                    alive.append((0, self.config.pad_id, float("-inf")))
-                for beam, token, score in alive:
-                    rows.append(b * k + beam)
-                    tokens.append(token)
-                    new_scores.append(score)
-            index = torch.tensor(rows, device=device)
-            out = torch.cat([out.index_select(0, index), torch.tensor(tokens, device=device)[:, None]], dim=1)
-            scores = torch.tensor(new_scores, device=device).view(batch, k)
-            if caches is not None:
-                for self_cache, _ in caches:
-                    self_cache.reorder(index)
-            if all(len(f) >= k for f in finished):
-                break
-
-        results: list[list[int]] = []
-        for b in range(batch):
-            candidates = list(finished[b])
-            for beam in range(k):  # unfinished hypotheses compete when max_new_tokens ran out
-                score = float(scores[b, beam])
-                if score != float("-inf"):
-                    hyp = out[b * k + beam, 1:].tolist()
-                    candidates.append((rank(score, len(hyp)), hyp))
-            best = max(candidates, key=lambda c: c[0])[1] if candidates else []
-            results.append([bos_id] + best)
-        width = max(len(r) for r in results)
-        padded = torch.full((batch, width), self.config.pad_id, dtype=torch.long, device=device)
-        for b, r in enumerate(results):
-            padded[b, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
-        return padded

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .batching import pad_batch
+from .text.batching import pad_batch
 
 # The n-gram's ids are digits in base (vocab_size + 1); three of them must fit an int64.
 MAX_VOCAB = 2_097_150

@@ -5,7 +5,7 @@
     python -m classify.predict --format jsonl --json - < reviews.jsonl
     python -m classify.predict --explain --explain-html why.html "Great cast, awful script."
 
-Reviews are read lazily (``classify.inputs``) and classified in chunks, each batched and
+Reviews are read lazily (``classify.text.inputs``) and classified in chunks, each batched and
 length-bucketed by ``inference.predict_ids``, so files of any size stream through in
 bounded memory; results come out in input order. A review that cannot be classified gets a
 per-item error and the others are still predicted.
@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -29,69 +29,25 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import checkpoint
-from .cli import HelpFormatter, add_runtime_args, runtime
-from .data import normalize
+from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from .engine.files import atomic_path, write_text
+from .engine.progress import progress_bar
+from .engine.runfolder import WEIGHTS
 from .errors import ClassifyError, run_cli
 from .explain import Explanation, explain, to_html, to_rich
-from .inference import KIND, LoadedRun, encode_texts, load_run, predict_ids
-from .inputs import FORMATS, Inputs, Review, open_inputs
-from .tokenize import truncate
+from .inference import RUNS_DIR, LoadedRun, encode_normalized, open_run, predict_ids
+from .text.data import normalize
+from .text.inputs import FORMATS, Inputs, Review, open_inputs
+from .text.tokenize import truncate
 
-RUNS_DIR = Path("runs")
 CHUNK_REVIEWS = 1024          # reviews classified together: enough for good length buckets
 CHUNK_CHARS = 16 * 2**20      # ... and a bound on the text held at once
 CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
 EXCERPT_CHARS = 70
 OUTPUT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
-# ------------------------------------------------------------- shared with evaluate
-def newest_run(root: Path = RUNS_DIR) -> Path:
-    """The classifier run folder under ``root`` whose model.safetensors was written last (runs of
-    other kinds, e.g. translation models, live there too)."""
-    weights = sorted(root.rglob(checkpoint.WEIGHTS), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    for path in reversed(weights):
-        try:
-            kind = json.loads((path.parent / checkpoint.CONFIG).read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            continue  # no or unreadable config: not a usable run
-        if kind == KIND:
-            return path.parent
-    raise ClassifyError(f"no --model given and no trained classifier run (a folder with {checkpoint.WEIGHTS}) "
-                        f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
-
-
-def open_run(model: str | None, args: argparse.Namespace,
-             console: Console) -> tuple[LoadedRun, torch.device, torch.dtype | None]:
-    """Apply the runtime flags (``cli.runtime``: --threads, --device, --precision) and load the run
-    (``model`` or the newest one), announced on ``console``."""
-    device, dtype = runtime(args)
-    path = Path(model) if model is not None else newest_run()
-    run = load_run(path, device)
-    how = "" if model is not None else f" (the newest run under {RUNS_DIR}/; choose another with --model)"
-    console.print(f"model: {escape(str(path))}{how}, device {device}, "
-                  f"{'autocast ' + str(dtype).removeprefix('torch.') if dtype else 'fp32'}")
-    return run, device, dtype
-
-
-@contextmanager
-def progress_bar(total: float | None, enabled: bool) -> Iterator[Callable[[float, str], None]]:
-    """A transient progress bar on stderr when it is a terminal (silent otherwise, e.g. in CI logs);
-    yields ``update(completed, info)``. stdout is left alone so results can be piped meanwhile."""
-    console = Console(stderr=True)
-    if not (enabled and console.is_terminal):
-        yield lambda completed, info: None
-        return
-    with Progress(BarColumn(), TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                  TextColumn("eta"), TimeRemainingColumn(), console=console, transient=True,
-                  redirect_stdout=False, redirect_stderr=False) as progress:
-        task = progress.add_task("", total=total, info="")
-        yield lambda completed, info: progress.update(task, completed=completed, info=info)
 
 
 # ----------------------------------------------------------------------- prediction
@@ -103,7 +59,8 @@ class Prediction:
     probabilities: np.ndarray | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    text: str = ""                 # the review as tokenized (after ``clip``)
+    text: str = ""                 # the review as read (after ``clip``)
+    normalized: str = ""           # ... and normalised, as tokenized
     excerpt: str = ""
     explanation: Explanation | None = None
 
@@ -139,23 +96,20 @@ def predict_chunk(run: LoadedRun, reviews: list[Review], device: torch.device, d
             if not normalized:
                 prediction.error = "no text left once HTML markup is removed"
             else:
-                prediction.text = text
+                prediction.text, prediction.normalized = text, normalized
                 prediction.excerpt = normalized if len(normalized) <= EXCERPT_CHARS else \
                     normalized[: EXCERPT_CHARS - 1] + "…"
         predictions.append(prediction)
     todo = [p for p in predictions if p.error is None]
     if not todo:
         return predictions
-    ids = encode_texts(run, [p.text for p in todo])
+    ids, totals = encode_normalized(run, [p.normalized for p in todo])  # each review tokenized once
     probabilities = predict_ids(run.model, ids, device, dtype, batch_size=batch_size, progress=progress)
-    for prediction, tokens, row in zip(todo, ids, probabilities):
+    for prediction, total, row in zip(todo, totals, probabilities):
         prediction.probabilities = row
-        if len(tokens) == run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:
-            # It filled the model: count its tokens to say whether anything was cut.
-            total = len(run.tokenizer.encode(normalize(prediction.text), add_special_tokens=False).ids)
-            if total > run.max_len:
-                prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
-                                        f"({run.truncation})")
+        if total > run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:  # (else ``clip`` said so)
+            prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
+                                    f"({run.truncation})")
     return predictions
 
 
@@ -267,7 +221,7 @@ class HtmlWriter:
                 self.parts.append(to_html(p.explanation, f"{p.review.source}: {label} ({score:.1%})"))
 
     def close(self) -> None:
-        checkpoint.write_text(self.path, "".join(self.parts))
+        write_text(self.path, "".join(self.parts))
 
 
 def classify_all(run: LoadedRun, inputs: Inputs, writers: list, device: torch.device, dtype: torch.dtype | None,
@@ -316,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=FORMATS, default="auto",
                    help="format of --file and stdin; auto = by extension (stdin: text)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {checkpoint.WEIGHTS})")
-    add_runtime_args(g)
+    g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {WEIGHTS})")
+    add_flags(g, RuntimeConfig)
     g.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true",
@@ -346,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     explaining = args.explain or args.explain_html is not None
     console = Console(stderr=True, quiet=args.quiet)
     inputs = open_inputs(args.texts, args.file, args.format, sys.stdin)
-    run, device, dtype = open_run(args.model, args, console)
+    device, dtype = runtime(args)
+    run = open_run(args.model, device, dtype, console)
     for note in inputs.notes:
         console.print(f"note: {escape(note)}")
 
@@ -358,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.output is None:
             writers.append(TableWriter(Console(), run.labels))
         if args.output is not None:
-            tmp = stack.enter_context(checkpoint.atomic_path(args.output))  # no half-written file on failure
+            tmp = stack.enter_context(atomic_path(args.output))  # no half-written file on failure
             stream = stack.enter_context(open(tmp, "w", encoding="utf-8", newline=""))
             writers.append((CsvWriter if output_format == "csv" else JsonLinesWriter)(stream, run.labels))
         if args.explain_html is not None:

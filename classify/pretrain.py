@@ -9,7 +9,7 @@ will validate on (the same ``--val-size``/``--seed`` split ``classify.train`` ca
 fine-tuning's validation accuracy stays an honest held-out estimate. A held-out slice of the
 unlabelled reviews gives the validation MLM loss.
 
-The run folder follows ``classify.checkpoint`` (kind ``"pretrain"``): config.json, tokenizer.json
+The run folder follows ``classify.engine.runfolder`` (kind ``"pretrain"``): config.json, tokenizer.json
 (trained on the pretraining text), model.safetensors (best validation MLM loss), last/ (resume
 state), metrics.jsonl. Re-running into the same ``--output`` resumes; Ctrl-C saves and exits.
 """
@@ -17,48 +17,65 @@ state), metrics.jsonl. Re-running into the same ``--output`` resumes; Ctrl-C sav
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from dataclasses import MISSING, dataclass
+from functools import partial
+from typing import ClassVar
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
-from . import checkpoint
-from .batching import BucketBatchSampler, pad_batch
-from .cli import (HelpFormatter, ReviewRunConfig, add_model_args, add_optimisation_args, add_runtime_args,
-                  add_tokenizer_args, check_run_args, runtime)
-from .data import default_source, load_split, normalize, provides_split, training_split
-from .device import autocast, grad_scaler, to_device
+from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, from_args,
+                             open_fraction, positive, setting)
+from .engine.device import autocast, to_device
+from .engine.loop import Task, fit, run_trainer
+from .engine.runfolder import RunFolder
 from .errors import ClassifyError, run_cli
-from .mlm import Masker, MaskedLM, mlm_loss
+from .mlm import MaskedLM, Masker, mlm_loss
 from .models import ClassifierConfig
-from .tokenize import encode, load_tokenizer, save_tokenizer, train_tokenizer
-from .training import (Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
-                       optimizer_step, set_lr, set_seed)
+from .text.batching import BucketBatchSampler, Collate, pad_batch
+from .text.data import default_source, load_split, normalize, provides_split, training_split
+from .text.tokenize import encode, train_tokenizer
 
 KIND = "pretrain"
 
 
 @dataclass(kw_only=True)
 class PretrainConfig(ReviewRunConfig):
-    """Everything that defines a pretraining run except the model sizes (stored in config.json)."""
+    """Everything that defines a pretraining run except the model (config.json's "train")."""
 
-    epochs: int = 1
-    warmup: int = 100
-    weight_decay: float = 0.01
-    save_every: int = 100
-    max_tokens: int = 4096
-    mask_prob: float = 0.15
-    mlm_val_size: int = 500
-    eval_every: int = 250
+    data: str = ReviewRunConfig.redefault("data", MISSING, "hub id or folder with train (and ideally unsupervised) "
+                                                           "splits; a source without an unsupervised split "
+                                                           "pretrains on its train texts only")
+    epochs: int = ReviewRunConfig.redefault("epochs", 1, "passes over the pretraining text")
+    warmup: int = ReviewRunConfig.redefault("warmup", 100)
+    weight_decay: float = ReviewRunConfig.redefault("weight_decay", 0.01)
+    save_every: int = ReviewRunConfig.redefault("save_every", 100)
+    eval_every: int | None = ReviewRunConfig.redefault("eval_every", 250, "validation MLM loss every N steps")
+    val_size: int = ReviewRunConfig.redefault("val_size", 2500, "the classifier's validation split (same as "
+                                                                "classify.train --val-size, with --seed): these "
+                                                                "reviews are left out of pretraining so fine-tuning "
+                                                                "validation stays unseen")
+    seed: int = ReviewRunConfig.redefault("seed", 0, "random seed; also picks the classifier's validation split "
+                                                     "that is left out")
+    max_tokens: int = setting(4096, "padded tokens per batch (length-bucketed)", check=positive)
+    mask_prob: float = setting(0.15, "share of tokens to predict (of which 80%% become [MASK], 10%% a random token, "
+                                     "10%% stay)", check=open_fraction)
+    mlm_val_size: int = setting(500, "unlabelled reviews held out to measure the validation MLM loss",
+                                check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "mask_prob", "mlm_val_size")
+
+    def validate(self, model: ClassifierConfig) -> None:
+        super().validate(model)
+        if self.max_tokens < model.max_len:
+            raise ClassifyError(f"--max-tokens {self.max_tokens} cannot hold one review of --max-len {model.max_len}")
+
+
+MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "max_len", "dropout", "positional", "norm_first",
+               "mask_padding")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,58 +83,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m classify.pretrain",
         description="Masked-language-model pretraining of the classifier's encoder on unlabelled IMDB text "
                     "(unsupervised + train splits; never test). Fine-tune the result with "
-                    "`python -m classify.train --init-from OUTPUT`.",
+                    "`python -m classify.train --init-from OUTPUT`. Each flag is a setting that config.json "
+                    "stores under the flag's name (--num-heads: num_heads).",
         formatter_class=HelpFormatter,
     )
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=default_source(),
-                   help="hub id or folder with train (and ideally unsupervised) splits; a source without an "
-                        "unsupervised split pretrains on its train texts only")
-    g.add_argument("--output", required=True, help="run folder to write (re-running into it resumes)")
-    g.add_argument("--val-size", type=int, default=PretrainConfig.default("val_size"),
-                   help="the classifier's validation split (same as classify.train --val-size, with --seed): "
-                        "these reviews are left out of pretraining so fine-tuning validation stays unseen")
-    g.add_argument("--mlm-val-size", type=int, default=PretrainConfig.default("mlm_val_size"),
-                   help="unlabelled reviews held out to measure the validation MLM loss")
-    g.add_argument("--limit", type=int, help="pretrain on a seeded random sample of N reviews (quick runs)")
-    add_tokenizer_args(g, PretrainConfig, "the pretraining text")
-    g = p.add_argument_group("model (fine-tuning inherits these)")
-    add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
-    g.add_argument("--no-padding-mask", action="store_true", help="let attention see padding (for ablations)")
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--mask-prob", type=float, default=PretrainConfig.default("mask_prob"),
-                   help="share of tokens to predict (of which 80%% become [MASK], 10%% a random token, 10%% stay)")
-    add_optimisation_args(g, PretrainConfig, epochs="passes over the pretraining text")
-    g.add_argument("--max-tokens", type=int, default=PretrainConfig.default("max_tokens"),
-                   help="padded tokens per batch (length-bucketed)")
+    add_flags(p.add_argument_group("data"), PretrainConfig,
+              ["data", "val_size", "mlm_val_size", "limit", "vocab_size", "tokenizer", "truncation"],
+              defaults={"data": default_source()})
+    add_flags(p.add_argument_group("model (fine-tuning inherits these)"), ClassifierConfig, MODEL_FLAGS)
+    add_flags(p.add_argument_group("optimisation"), PretrainConfig,
+              ["mask_prob", "epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip",
+               "max_tokens", "grad_accum", "eval_every", "patience"])
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=PretrainConfig.default("seed"),
-                   help="random seed; also picks the classifier's validation split that is left out")
-    add_runtime_args(g)
-    g.add_argument("--eval-every", type=int, default=PretrainConfig.default("eval_every"),
-                   help="validation MLM loss every N steps")
-    g.add_argument("--save-every", type=int, default=PretrainConfig.default("save_every"),
-                   help="write last/ (resume state) every N steps")
-    g.add_argument("--overwrite", action="store_true", help="replace a different run found in --output")
-    g.add_argument("--quiet", action="store_true", help="no progress display")
+    add_flags(g, PretrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])
+    add_run_folder_args(g)
     return p
 
 
-def check_args(args: argparse.Namespace) -> None:
-    check_run_args(args, {"--max-tokens": args.max_tokens, "--eval-every": args.eval_every,
-                          "--mlm-val-size": args.mlm_val_size})
-    if args.max_tokens < args.max_len:
-        raise ClassifyError(f"--max-tokens {args.max_tokens} cannot hold one review of --max-len {args.max_len}")
-    if not 0.0 < args.mask_prob < 1.0:
-        raise ClassifyError(f"--mask-prob must be in (0, 1), got {args.mask_prob}")
-
-
 def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, PretrainConfig]:
-    model = ClassifierConfig(
-        vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.heads, num_layers=args.layers,
-        d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout, positional=args.positional,
-        norm_first=not args.post_ln, mask_padding=not args.no_padding_mask)
-    return model, PretrainConfig.from_args(args)
+    """The encoder's config and the run's, from the flags; checked."""
+    config = from_args(PretrainConfig, args)
+    model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size)
+    config.validate(model)
+    return model, config
 
 
 # ------------------------------------------------------------------------------ data
@@ -164,7 +152,41 @@ def encode_compact(tokenizer, texts: list[str], max_len: int, truncation: str,
     return [ids if len(ids) else np.zeros(1, dtype=np.int32) for ids in out]  # an empty review: one pad
 
 
-# -------------------------------------------------------------------------- training
+# ------------------------------------------------------------------------- the task
+class MaskedLMTask(Task):
+    """Predict masked tokens (fresh masks every batch); the validation MLM loss picks the best weights."""
+
+    def __init__(self, model: MaskedLM, train_ids: list[np.ndarray], val_ids: list[np.ndarray], masker: Masker,
+                 config: PretrainConfig, device: torch.device, dtype: torch.dtype | None):
+        self.model, self.masker = model, masker
+        self.lengths = [len(x) for x in train_ids]
+        self.max_tokens = config.max_tokens
+        self.collate = Collate(train_ids, pad_id=model.config.pad_id)
+        val_sampler = BucketBatchSampler([len(x) for x in val_ids], max_tokens=config.max_tokens, shuffle=False)
+        self.val_batches = [pad_batch([val_ids[i] for i in b], model.config.pad_id) for b in val_sampler]
+        self.seed, self.device, self.dtype = config.seed, device, dtype
+
+    def loss(self, model, batch):
+        tokens = batch["tokens"]  # (B, T)
+        inputs, targets = self.masker(tokens)  # dynamic masking, drawn from the (resumable) torch RNG
+        logits, labels = model(inputs, targets)  # (N, V), (N,)
+        loss = mlm_loss(logits, labels)
+        n = len(labels)
+        return loss, {"loss": float(loss.detach()) * n, "correct": float((logits.detach().argmax(-1) == labels).sum()),
+                      "targets": n, "tokens": float((tokens != self.model.config.pad_id).sum())}
+
+    def train_metrics(self, sums):
+        n = sums["targets"]
+        return {"train_loss": sums["loss"] / n if n else None, "train_accuracy": sums["correct"] / n if n else None}
+
+    def validate(self, model):
+        metrics = evaluate_mlm(model, self.val_batches, self.masker, self.device, self.dtype, self.seed)
+        return {"val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
+
+    def score(self, metrics):
+        return -metrics["val_loss"]
+
+
 @torch.inference_mode()
 def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, device: torch.device,
                  dtype: torch.dtype | None, seed: int) -> dict[str, float]:
@@ -184,165 +206,41 @@ def evaluate_mlm(model: MaskedLM, batches: list[torch.Tensor], masker: Masker, d
     return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}
 
 
+# ---------------------------------------------------------------------- the command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_args(args)
-    device, dtype = runtime(args)
-    out = Path(args.output)
-    console = Console(stderr=True, quiet=args.quiet)
-    set_seed(args.seed)
-    model_config, train_config = configs_from_args(args)
-    resuming = checkpoint.prepare_run_folder(out, KIND, asdict(train_config), PretrainConfig.IDENTITY,
-                                             model_config.to_dict(), args.overwrite)
+    model_config, config = configs_from_args(args)
+    return run_trainer(KIND, config, args, partial(pretrain, args, model_config, config))
+
+
+def pretrain(args: argparse.Namespace, model_config: ClassifierConfig, config: PretrainConfig, run: RunFolder,
+             device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
+    """The pretraining run of ``main``; under torchrun every rank runs it. Returns the exit code."""
+    resuming = run.open(config, model_config, args.overwrite, args.resume)
 
     # ---- data: load, tokenize once (int32 arrays)
     t0 = time.monotonic()
-    train_texts, val_texts, what = pretraining_texts(args.data, args.val_size, args.mlm_val_size, args.seed,
-                                                     args.limit)
-    if resuming:
-        tokenizer = load_tokenizer(out / checkpoint.TOKENIZER)
-    else:
-        tokenizer = train_tokenizer(train_texts, args.vocab_size, args.tokenizer)
+    train_texts, val_texts, what = pretraining_texts(config.data, config.val_size, config.mlm_val_size,
+                                                     config.seed, config.limit)
+    tokenizer = run.tokenizer(resuming, partial(train_tokenizer, train_texts, config.vocab_size, config.tokenizer))
     model_config.vocab_size = tokenizer.get_vocab_size()
-    train_ids = encode_compact(tokenizer, train_texts, args.max_len, args.truncation)
-    val_ids = encode_compact(tokenizer, val_texts, args.max_len, args.truncation)
+    train_ids = encode_compact(tokenizer, train_texts, model_config.max_len, config.truncation)
+    val_ids = encode_compact(tokenizer, val_texts, model_config.max_len, config.truncation)
     del train_texts, val_texts
     console.log(f"data: {what}; vocabulary {model_config.vocab_size}, "
                 f"{sum(map(len, train_ids)) / 1e6:.1f}M training tokens, {time.monotonic() - t0:.1f}s")
+    run.record(resuming, tokenizer, config, model_config)
 
-    if not resuming:
-        out.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tokenizer, out / checkpoint.TOKENIZER)
-    checkpoint.write_config(out, KIND, model_config.to_dict(), train=asdict(train_config))
-
-    # ---- model and optimisation
     model = MaskedLM(model_config).to(device)
-    masker = Masker(tokenizer, args.mask_prob)
-    optimizer = build_optimizer(model, args.lr, args.weight_decay)
-    scaler = grad_scaler(device, dtype)
-    pad_id = model_config.pad_id
-    sampler = BucketBatchSampler([len(x) for x in train_ids], max_tokens=args.max_tokens, seed=args.seed)
-    val_sampler = BucketBatchSampler([len(x) for x in val_ids], max_tokens=args.max_tokens, shuffle=False)
-    val_batches = [pad_batch([val_ids[i] for i in b], pad_id) for b in val_sampler]
-    steps_per_epoch = len(sampler)
-    total_steps = steps_per_epoch * args.epochs
-    if args.max_steps:
-        total_steps = min(total_steps, args.max_steps)
-
-    state: dict[str, Any] = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val_loss": None,
-                             "train_seconds": 0.0, "tokens": 0}
-    if resuming:
-        restored = checkpoint.load_last(out, model, optimizer)
-        if restored is not None:
-            state.update({k: restored[k] for k in state if k in restored})
-            # Evaluations logged after the saved step will be redone: drop them so the log has no duplicates.
-            kept = [r for r in checkpoint.read_jsonl(out / checkpoint.METRICS) if r["step"] <= state["step"]]
-            checkpoint.write_text(out / checkpoint.METRICS, "".join(json.dumps(r) + "\n" for r in kept))
-            console.log(f"resumed from {out / checkpoint.LAST} at step {state['step']} (epoch {state['epoch']})")
-    n_params = sum(p.numel() for p in model.parameters())
-    console.log(f"model: {n_params / 1e6:.2f}M parameters (tied MLM decoder), device {device}, "
-                f"threads {torch.get_num_threads()}, autocast {dtype if dtype else 'off (fp32)'}, "
-                f"{steps_per_epoch} steps per epoch, at most {total_steps} steps")
-
-    deadline = Deadline(args.time_budget, already_used_s=state["train_seconds"])
-    run_loss, run_correct, run_targets = 0.0, 0, 0
-    tokens_since, clock = 0, time.monotonic()
-    stop_reason = "finished"
-
-    def save_last() -> None:
-        state["train_seconds"] = deadline.elapsed
-        checkpoint.save_last(out, model, optimizer, state)
-
-    def validate() -> None:
-        """Validation MLM loss; log it; keep the best weights."""
-        nonlocal run_loss, run_correct, run_targets, tokens_since, clock
-        metrics = evaluate_mlm(model, val_batches, masker, device, dtype, args.seed)
-        now = time.monotonic()
-        record = {"step": state["step"], "epoch": round(state["step"] / steps_per_epoch, 3),
-                  "train_loss": run_loss / run_targets if run_targets else None,
-                  "train_accuracy": run_correct / run_targets if run_targets else None,
-                  "val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"],
-                  "lr": optimizer.param_groups[0]["lr"] if state["step"] else None,  # of the last step taken
-                  "elapsed_s": round(deadline.elapsed, 1), "tokens": state["tokens"],
-                  "tokens_per_s": round(tokens_since / max(now - clock, 1e-9), 1)}
-        checkpoint.append_jsonl(out / checkpoint.METRICS, record)
-        train_part = f"train MLM loss {record['train_loss']:.4f}  " if run_targets else ""
-        progress.log(f"step {record['step']}: val MLM loss {metrics['loss']:.4f}  masked acc "
-                     f"{metrics['accuracy']:.4f}  {train_part}{record['tokens_per_s']:.0f} tok/s")
-        run_loss, run_correct, run_targets, tokens_since = 0.0, 0, 0, 0
-        if state["best_val_loss"] is None or metrics["loss"] < state["best_val_loss"]:
-            state["best_val_loss"] = metrics["loss"]
-            checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
-        clock = time.monotonic()
-
-    model.train()
-    with StopSignal() as stop, TrainingProgress(total_steps, enabled=not args.quiet) as progress:
-        progress.update(state["step"], state["epoch"], {})
-        if state["step"] == 0 and not (out / checkpoint.METRICS).exists():
-            validate()  # the untrained model's loss (about ln V) starts the validation curve
-        while state["step"] < total_steps and stop_reason == "finished":
-            sampler.set_epoch(state["epoch"])
-            # Indices, not a DataLoader: a mid-epoch resume skips served batches without padding them.
-            for i, indices in enumerate(sampler.batches()[state["batch_in_epoch"]:], start=state["batch_in_epoch"]):
-                if stop.requested:
-                    stop_reason = "interrupted"
-                elif deadline.expired:
-                    stop_reason = "time budget"
-                if stop_reason != "finished":
-                    break
-                tokens = pad_batch([train_ids[j] for j in indices], pad_id)
-                inputs, targets = masker(tokens)  # fresh masks every batch (dynamic masking)
-                inputs, targets = to_device(inputs, device), to_device(targets, device)
-                set_lr(optimizer, args.lr * budgeted_lr_multiplier(state["step"], args.warmup, total_steps,
-                                                                   args.schedule, deadline))
-                with autocast(device, dtype):
-                    logits, labels = model(inputs, targets)
-                    loss = mlm_loss(logits, labels)
-                optimizer_step(loss, model, optimizer, scaler, args.clip)
-                n = len(labels)
-                run_loss += float(loss.detach()) * n
-                run_correct += int((logits.detach().argmax(-1) == labels).sum())
-                run_targets += n
-                real_tokens = int((tokens != pad_id).sum())
-                tokens_since += real_tokens
-                state["tokens"] += real_tokens
-                state["step"] += 1
-                state["batch_in_epoch"] = i + 1
-                progress.update(state["step"], state["epoch"] + 1, {
-                    "mlm loss": run_loss / max(run_targets, 1), "masked acc": run_correct / max(run_targets, 1),
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "tok/s": tokens_since / max(time.monotonic() - clock, 1e-9)})
-                if state["step"] % args.eval_every == 0 or state["step"] == total_steps:
-                    validate()
-                if state["step"] % args.save_every == 0:
-                    save_last()
-                if state["step"] >= total_steps:
-                    break
-            if state["batch_in_epoch"] >= steps_per_epoch:
-                state["epoch"] += 1
-                state["batch_in_epoch"] = 0
-        if stop_reason != "interrupted" and (run_targets or not (out / checkpoint.WEIGHTS).exists()):
-            validate()  # the final partial interval counts too (and a run always leaves weights)
-        save_last()
-
-    if stop_reason == "interrupted":
-        console.print(f"[yellow]interrupted at step {state['step']}; state saved in {out / checkpoint.LAST}. "
-                      f"Re-run the same command to resume.[/]")
+    task = MaskedLMTask(model, train_ids, val_ids, Masker(tokenizer, config.mask_prob), config, device, dtype)
+    # The untrained model's loss (about ln V) starts the validation curve.
+    result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet, validate_first=True)
+    if result.interrupted:
         return 130
-    print_summary(console, out, state, stop_reason, deadline.elapsed)
+    result.print_summary(console, "classify.pretrain", run, [
+        ("best validation MLM loss", f"{-result.state['best']:.4f}"),
+        ("fine-tune with", f"python -m classify.train --init-from {run.path} --output ...")])
     return 0
-
-
-def print_summary(console: Console, out: Path, state: dict, reason: str, seconds: float) -> None:
-    table = Table(title=f"classify.pretrain: {out}", show_header=False)
-    table.add_row("stopped", reason)
-    table.add_row("steps / epochs", f"{state['step']} / {state['epoch']}")
-    table.add_row("tokens seen", f"{state['tokens'] / 1e6:.1f}M")
-    table.add_row("training time", f"{seconds / 60:.1f} min")
-    table.add_row("best validation MLM loss", f"{state['best_val_loss']:.4f}")
-    table.add_row("fine-tune with", f"python -m classify.train --init-from {out} --output ...")
-    table.add_row("run folder", str(out))
-    console.print(table)
 
 
 if __name__ == "__main__":

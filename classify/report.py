@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from . import checkpoint
+from .engine.files import atomic_path, write_text
 
 ROWS = [  # (key in a system's metrics, label); accuracy is shown with its CI separately
     ("precision_macro", "macro precision"), ("recall_macro", "macro recall"), ("f1_macro", "macro F1"),
@@ -129,7 +129,7 @@ def write_markdown(path: Path, metrics: dict[str, Any]) -> None:
         for n, m in enumerate(mistakes, 1):
             lines += [f"{n}. row {m['row']}: true **{md(m['label'])}**, predicted **{md(m['predicted'])}** "
                       f"with p = {m['probability']:.4f}", "", f"   > {md(m['text'])}", ""]
-    checkpoint.write_text(path, "\n".join(lines))
+    write_text(path, "\n".join(lines))
 
 
 # ---------------------------------------------------------------------------- plots
@@ -150,7 +150,7 @@ def write_plots(folder: Path, y: np.ndarray, probabilities: dict[str, np.ndarray
     written: list[str] = []
 
     def save(fig, name: str) -> None:
-        with checkpoint.atomic_path(folder / name) as tmp:
+        with atomic_path(folder / name) as tmp:
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(name)

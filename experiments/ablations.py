@@ -20,9 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import add_results_args, results_folder
 from .trainruns import evaluations, experiment_meta, run_training, shown, train_command, write_results
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # Bloem's "Transformers from scratch" classifier: 6 blocks, 128 wide, 8 heads, vocabulary 50k,
 # mean pooling over everything (no padding mask), post-LN, fp32, batches padded to the maximum length.
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="OMP threads per training run")
     p.add_argument("--runs", default="experiments/runs/ablations", help="where the run folders go (git-ignored)")
     p.add_argument("--only", nargs="*", help="run only these variants")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where ablations.json and .md go")
+    add_results_args(p, "ablations.json and .md")
     p.add_argument("--reuse", action="store_true",
                    help="take variants whose run folder already finished --steps from that folder (lets the "
                         "chain run in pieces, e.g. in parallel with --only, then be tabulated at once)")
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{args.steps} steps x 32 reviews, max length {args.max_len}, lr {args.lr})", "",
              "| variant | change | best val acc | training s (incl. validation) | real tokens/s |", "|---|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['change']} | {r['best_val_accuracy']:.4f} | {r['train_seconds']:.0f} | {r['tokens_per_s']} |" for r in rows]
-    write_results(args.results, "ablations", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
+    write_results(results_folder(args), "ablations", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
 
 

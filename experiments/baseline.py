@@ -16,17 +16,15 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from classify import checkpoint
-from classify.data import load_split, training_split
+from classify.engine.files import write_json
 from classify.evaluate import BASELINE_C_GRID, fit_baseline
+from classify.text.data import load_split, training_split
 
+from . import add_results_args, results_folder
 from .trainruns import experiment_meta
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grid", type=float, nargs="+", default=list(BASELINE_C_GRID),
                    help="values of C tried on the validation split")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where baseline.json goes")
+    add_results_args(p, "baseline.json")
     args = p.parse_args(argv)
 
     test = load_split(args.data, "test")
@@ -55,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = {"C": baseline.c, "train_examples": len(examples), "test_accuracy": accuracy}
         print(f"{name}: test accuracy {accuracy:.4f}", flush=True)
     seconds = time.monotonic() - start
-    args.results.mkdir(parents=True, exist_ok=True)
+    results_folder(args).mkdir(parents=True, exist_ok=True)
     record = {**experiment_meta("experiments.baseline", argv if argv is not None else sys.argv[1:]),
               "seconds_all_fits": round(seconds, 1),
               "model": "TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2) + LogisticRegression(C, max_iter=1000)",
               "validation_accuracy_by_C": {f"{c:g}": a for c, a in tuned.validation_accuracy.items()}, "results": rows}
-    checkpoint.write_json(args.results / "baseline.json", record)
+    write_json(results_folder(args) / "baseline.json", record)
     return 0
 
 

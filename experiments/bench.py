@@ -19,7 +19,8 @@ Sections, all measured in one process with the same data, sizes and precision on
 * ``scaling``      training step time and peak memory against sequence length and batch size.
 * ``seq2seq``      our encoder-decoder against torch.nn.Transformer; generation with/without KV cache.
 
-Results: ``experiments/results/bench.{json,md}`` (``bench_quick.*`` with ``--quick``).
+Results: ``bench.{json,md}`` (``bench_quick.*`` with ``--quick``) in ``experiments/runs/results/``
+(untracked), or with ``--record`` in ``experiments/results/``, which RESULTS_bench.md cites.
 """
 
 from __future__ import annotations
@@ -46,21 +47,22 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from classify import checkpoint
-from classify.batching import BucketBatchSampler, pad_batch
 from classify.core import Encoder, MultiHeadAttention
-from classify.data import LABEL_NAMES, load_split, normalize
-from classify.device import autocast, autocast_dtype, bf16_supported, grad_scaler, resolve_device, to_device
+from classify.engine.device import autocast, autocast_dtype, bf16_supported, grad_scaler, resolve_device, to_device
+from classify.engine.files import model_state, save_tensors, write_json, write_text
+from classify.engine.optim import build_optimizer, optimizer_step
+from classify.engine.runfolder import CONFIG, FORMAT_VERSION, TOKENIZER, WEIGHTS
 from classify.inference import KIND, encode_texts, load_run, predict_ids
 from classify.models import Classifier, ClassifierConfig
-from classify.tokenize import encode, save_tokenizer, train_tokenizer, truncate
-from classify.training import build_optimizer, optimizer_step
+from classify.text.batching import BucketBatchSampler, pad_batch
+from classify.text.data import LABEL_NAMES, load_split, normalize
+from classify.text.tokenize import encode, train_tokenizer, truncate
 
+from . import add_results_args, results_folder
 from .bench_seq2seq import FULL_SEQ2SEQ, QUICK_SEQ2SEQ, Seq2SeqSizes, seq2seq_section
 from .benchtools import (ROOT, PeakMemory, interleave, load_average, machine_info, matmul_probe, paired_ratio,
                          peak_matmul_flops, percentile, summarize, time_call)
 
-RESULTS = ROOT / "experiments" / "results"
 # classify.train's defaults: --d-model 128 --heads 4 --layers 2 --d-ff 512 --dropout 0.1, batch 32, vocab 30000.
 DEFAULT_MODEL = {"d_model": 128, "num_heads": 4, "num_layers": 2, "d_ff": 512, "dropout": 0.1}
 BIG_MODEL = {"d_model": 256, "num_heads": 4, "num_layers": 6, "d_ff": 1024, "dropout": 0.1}
@@ -394,10 +396,10 @@ def epoch_section(ctx: Context) -> dict[str, Any]:
 
 def write_throwaway_run(folder: Path, config: ClassifierConfig, tokenizer: Tokenizer) -> Path:
     """A run folder as classify.train writes it, holding an untrained model (speed does not depend on weights)."""
-    save_tokenizer(tokenizer, folder / checkpoint.TOKENIZER)
-    checkpoint.write_config(folder, KIND, config.to_dict(), train={"truncation": "head+tail"},
-                            labels=list(LABEL_NAMES))
-    checkpoint.save_tensors(folder / checkpoint.WEIGHTS, checkpoint.model_state(Classifier(config)))
+    tokenizer.save(str(folder / TOKENIZER))
+    write_json(folder / CONFIG, {"format_version": FORMAT_VERSION, "kind": KIND, "model": config.to_dict(),
+                                 "train": {"truncation": "head+tail"}, "labels": list(LABEL_NAMES)})
+    save_tensors(folder / WEIGHTS, model_state(Classifier(config)))
     return folder
 
 
@@ -443,6 +445,9 @@ def inference_section(ctx: Context) -> dict[str, Any]:
     max_len = max(sizes.lengths)
     config = classifier_config(sizes, ctx.data.vocab_size)
     precisions = [p for p in sizes.infer_precisions if p in ctx.precisions]
+    skipped = [p for p in sizes.infer_precisions if p not in precisions]
+    if not precisions:  # e.g. --quick asks for bf16 alone on a CPU without it: measure fp32 rather than nothing
+        precisions = ["fp32"]
     with tempfile.TemporaryDirectory(prefix="bench-run-") as folder:
         run = load_run(write_throwaway_run(Path(folder), config, ctx.data.tokenizer), device)
     order = np.random.default_rng(ctx.seed).permutation(len(texts))
@@ -484,8 +489,9 @@ def inference_section(ctx: Context) -> dict[str, Any]:
             ratios[f"ours/{other} {p}"] = paired_ratio(samples[f"ours_{p}"], samples[f"{other}_{p}"])
     if {"fp32", "bf16"} <= set(precisions):
         ratios["bf16/fp32 ours"] = paired_ratio(samples["ours_bf16"], samples["ours_fp32"])
-    return {"reviews_per_call": len(texts), "batch_size": sizes.infer_batch_size, "arms": summarize(samples),
-            "ratios": ratios, "fast_paths_taken": fast_paths, "loadavg": load_average()}
+    return {"reviews_per_call": len(texts), "batch_size": sizes.infer_batch_size, "precisions": precisions,
+            "skipped_precisions": skipped, "arms": summarize(samples), "ratios": ratios,
+            "fast_paths_taken": fast_paths, "loadavg": load_average()}
 
 
 def latency_section(ctx: Context) -> dict[str, Any]:
@@ -683,7 +689,10 @@ def to_markdown(results: dict[str, Any], command: str) -> str:
     if "inference" in results:
         inf = results["inference"]
         lines += ["## Inference throughput (raw text -> labels)", "",
-                  f"{inf['reviews_per_call']} real test reviews per call, batch {inf['batch_size']}.", "",
+                  f"{inf['reviews_per_call']} real test reviews per call, batch {inf['batch_size']}, "
+                  f"precision {', '.join(inf['precisions'])}"
+                  + (f" ({', '.join(inf['skipped_precisions'])} not supported here)." if inf["skipped_precisions"]
+                     else "."), "",
                   "| arm | reviews/s |", "|---|---|"]
         lines += [f"| {n} | {a['rate_median']:,.1f} |" for n, a in inf["arms"].items()]
         lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in inf["ratios"].items()]
@@ -749,9 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--data", default=default_data(), help="IMDB source, as classify.train's --data")
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS), help="what to run")
-    p.add_argument("--output", type=Path,
-                   help="results path without suffix (.json and .md are written); None: "
-                        "experiments/results/bench, or bench_quick with --quick")
+    add_results_args(p, "bench.json and .md (bench_quick.* with --quick)")
     p.add_argument("--seed", type=int, default=0, help="sampling and initialisation seed")
     return p
 
@@ -769,11 +776,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m experiments.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     results = run(args.data, QUICK if args.quick else FULL, resolve_device(args.device), args.seed, args.sections)
     results["command"] = command.strip()
-    stem = args.output or RESULTS / ("bench_quick" if args.quick else "bench")
+    stem = results_folder(args) / ("bench_quick" if args.quick else "bench")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(stem.with_suffix(".json"), results)
+    write_json(stem.with_suffix(".json"), results)
     report = to_markdown(results, results["command"])
-    checkpoint.write_text(stem.with_suffix(".md"), report + "\n")
+    write_text(stem.with_suffix(".md"), report + "\n")
     print(report)
     print("\n".join(["", "Headline ratios (> 1: ours faster):", *headline(results),
                      f"total {results['total_s']:.0f} s; wrote {stem.with_suffix('.json')} and .md"]))

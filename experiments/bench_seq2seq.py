@@ -19,12 +19,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from classify.batching import BucketBatchSampler
 from classify.core import Embedding
-from classify.device import autocast, autocast_dtype, grad_scaler, to_device
+from classify.engine.device import autocast, autocast_dtype, grad_scaler, to_device
+from classify.engine.optim import build_optimizer, optimizer_step
+from classify.generate import generate
 from classify.models import Transformer, TransformerConfig
-from classify.seq2seq import make_batch, pair_lengths, summed_loss
-from classify.training import build_optimizer, optimizer_step
+from classify.seq2seq.data import PairCollate, pair_lengths
+from classify.seq2seq.metrics import summed_loss
+from classify.text.batching import BucketBatchSampler
 
 from .benchtools import interleave, paired_ratio, summarize
 
@@ -119,7 +121,7 @@ class Seq2SeqTrainer:
         tokens = 0
         for batch in batches:
             with autocast(self.device, self.dtype):
-                loss, n = summed_loss(self.model, batch, self.label_smoothing)
+                loss, n = summed_loss(self.model, batch, PAD, self.label_smoothing)
             optimizer_step(loss / max(n, 1), self.model, self.optimizer, self.scaler, clip=1.0)
             tokens += n + int((batch["src"] != PAD).sum())
         return float(tokens)
@@ -133,7 +135,8 @@ def seq2seq_section(sizes: Seq2SeqSizes, device: torch.device, precisions: Seque
     rng = np.random.default_rng(seed)
     src, tgt = synthetic_pairs(sizes, rng)
     sampler = BucketBatchSampler(pair_lengths(src, tgt), max_tokens=sizes.max_tokens, seed=seed)
-    batches = [to_device(make_batch([src[i] for i in b], [tgt[i] for i in b], PAD, BOS), device)
+    collate = PairCollate(src, tgt, PAD, BOS)
+    batches = [to_device(collate(b), device)
                for b in sampler.batches()[: sizes.train_batches]]
 
     arms: dict[str, Callable[[], float]] = {}
@@ -154,12 +157,12 @@ def seq2seq_section(sizes: Seq2SeqSizes, device: torch.device, precisions: Seque
                            generator=torch.Generator().manual_seed(seed))
     source = to_device(source, device)
 
-    def generate(use_cache: bool, dtype: torch.dtype | None) -> float:
+    def generation(use_cache: bool, dtype: torch.dtype | None) -> float:
         with autocast(device, dtype):
-            out = model.generate(source, sizes.generate_tokens, bos_id=BOS, eos_id=NO_EOS, use_cache=use_cache)
+            out = generate(model, source, sizes.generate_tokens, bos_id=BOS, eos_id=NO_EOS, use_cache=use_cache)
         return float(out.shape[0] * (out.shape[1] - 1))
 
-    gen_arms = {f"{'cache' if c else 'no-cache'}_{p}": (lambda c=c, d=autocast_dtype(device, p): generate(c, d))
+    gen_arms = {f"{'cache' if c else 'no-cache'}_{p}": (lambda c=c, d=autocast_dtype(device, p): generation(c, d))
                 for p in precisions for c in (True, False)}
     log(f"seq2seq generation: {sizes.generate_batch} x {sizes.generate_tokens} tokens, arms {', '.join(gen_arms)}")
     gen_samples = interleave(gen_arms, generate_repeats, device)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from classify.device import bf16_supported, synchronize
+from classify.engine.device import bf16_supported, synchronize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from classify import checkpoint
+from classify.engine.runfolder import METRICS, WEIGHTS
 
+from . import RECORDED, add_results_args, results_folder
 from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
                         write_results)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # Pretraining: no dropout (the model is far from overfitting 18M tokens) and 2k-token batches (more, smaller
 # steps): the second recorded run fell further per minute than the first, defaults-based one, though under less
 # machine load (experiments/RESULTS_pretrain.md).
@@ -61,12 +61,12 @@ def copy_run(run: Path, to: Path) -> None:
 def weights_saved(run: Path, records: list[dict]) -> bool:
     """Whether ``model.safetensors`` already holds the best weights as of the newest evaluation record
     (the trainer writes the record first, then, if the loss improved, the weights)."""
-    weights = run / checkpoint.WEIGHTS
+    weights = run / WEIGHTS
     if not weights.exists():
         return False
     if len(records) > 1 and records[-1]["val_loss"] >= min(r["val_loss"] for r in records[:-1]):
         return True  # not an improvement: the saved weights are an earlier, better evaluation's
-    return weights.stat().st_mtime_ns >= (run / checkpoint.METRICS).stat().st_mtime_ns
+    return weights.stat().st_mtime_ns >= (run / METRICS).stat().st_mtime_ns
 
 
 def pretrain_with_snapshots(run: Path, args: argparse.Namespace) -> None:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     p.add_argument("--parallel", type=int, default=2, help="fine-tunings at a time")
     p.add_argument("--runs", default="experiments/runs/pretraining", help="where the run folders go")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where pretraining.json and .md go")
+    add_results_args(p, "pretraining.json and .md")
     p.add_argument("--reuse", action="store_true",
                    help="keep what already exists in --runs: resume the pretraining (a finished one ends at once, "
                         "after tokenizing), keep its snapshots and the finished fine-tunings; without it "
@@ -183,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = [summarise(s, finetuned(s), finetune_flags(s)) for s in sources]
     curve = evaluations(pretrained)
-    refs = references(args.results)
+    refs = references(results_folder(args)) or references(RECORDED)
     meta = {**experiment_meta("experiments.pretraining", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "pretrain_recipe": PRETRAIN_RECIPE, "finetune_recipe": FINETUNE_RECIPE,
             "pretrain_config": json.loads((pretrained / "config.json").read_text()),
             "median_pretrain_tokens_per_s": statistics.median(r["tokens_per_s"] for r in curve[1:]) if curve[1:] else None}
-    write_results(args.results, "pretraining", {"meta": meta, "pretraining_curve": curve, "finetuned": rows,
+    write_results(results_folder(args), "pretraining", {"meta": meta, "pretraining_curve": curve, "finetuned": rows,
                                            "references": refs}, to_markdown(meta, curve, rows, refs))
     return 0
 

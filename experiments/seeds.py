@@ -20,10 +20,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from . import add_results_args, results_folder
 from .trainruns import (evaluations, experiment_meta, shown, start_training, test_metrics, train_command, wait_all,
                         write_results)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # The recipe: the defaults of classify.train (n-gram branch, grouped validation); validation every 250 steps
 # for the curve.
 RECIPE = ["--eval-every", "250"]
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reuse", action="store_true",
                    help="keep the seeds whose run already finished (has a test evaluation) and resume unfinished "
                         "ones; without it every seed trains afresh, replacing its run folder")
-    p.add_argument("--results", type=Path, default=RESULTS, help="where seeds.json and seeds.md go")
+    add_results_args(p, "seeds.json and seeds.md")
     args, extra = p.parse_known_args(argv)
     if args.parallel < 1 or args.threads < 1:
         p.error("--parallel and --threads must be at least 1")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     val = spread([r["val_accuracy"] for r in rows])
     meta = {**experiment_meta("experiments.seeds", argv if argv is not None else sys.argv[1:]),
             "threads": args.threads, "parallel": args.parallel, "time_budget": args.time_budget}
-    write_results(args.results, "seeds", {"meta": meta, "test_accuracy": test, "best_val_accuracy": val,
+    write_results(results_folder(args), "seeds", {"meta": meta, "test_accuracy": test, "val_accuracy": val,
                                                 "rows": rows}, to_markdown(meta, rows, test, val))
     return 0
 

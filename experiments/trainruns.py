@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from classify import checkpoint
-from classify.device import bf16_supported
+from classify.engine.device import bf16_supported
+from classify.engine.files import write_json, write_text
 
 
 def train_command(output: Path, flags: list[str], module: str = "classify.train") -> list[str]:
@@ -108,6 +108,6 @@ def experiment_meta(prog: str, argv: list[str]) -> dict:
 def write_results(folder: Path, name: str, record: dict, report: str) -> None:
     """``folder/{name}.json`` and ``.md`` (each written atomically), and the report on stdout."""
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(folder / f"{name}.json", record)
-    checkpoint.write_text(folder / f"{name}.md", report)
+    write_json(folder / f"{name}.json", record)
+    write_text(folder / f"{name}.md", report)
     print(report)

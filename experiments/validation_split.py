@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from classify.data import load_split, stratified_split
-from classify.review_groups import grouped_split, review_groups
+from classify.text.data import load_split, stratified_split
+from classify.text.review_groups import grouped_split, review_groups
 
 from .trainruns import experiment_meta, write_results
 

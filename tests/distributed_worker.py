@@ -7,6 +7,7 @@ the listed ranks, as an out-of-memory error or a kill would end them; files are 
 import os
 import sys
 
+import classify.engine.loop as loop
 import classify.train as train_module
 from classify.errors import run_cli
 
@@ -15,7 +16,7 @@ def inject_crash(spec: str) -> None:
     ranks, step = spec.split(":")
     if os.environ["RANK"] not in ranks.split(","):
         return
-    real_step, calls = train_module.optimizer_step, {"n": 0}
+    real_step, calls = loop.optimizer_step, {"n": 0}
 
     def crashing_step(*args, **kwargs):
         calls["n"] += 1
@@ -23,7 +24,7 @@ def inject_crash(spec: str) -> None:
             raise RuntimeError(f"simulated crash on rank {os.environ['RANK']}")
         return real_step(*args, **kwargs)
 
-    train_module.optimizer_step = crashing_step
+    loop.optimizer_step = crashing_step
 
 
 if __name__ == "__main__":

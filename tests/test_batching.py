@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from classify.batching import BucketBatchSampler, pad_batch
+from classify.text.batching import BucketBatchSampler, pad_batch
 
 LENGTHS = np.random.default_rng(0).integers(10, 500, size=1000).tolist()
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
+from test_core import copy_decoder_layer, copy_encoder_layer
 
 from classify.models import Transformer
 from experiments import bench
 from experiments.bench_seq2seq import QUICK_SEQ2SEQ, TorchSeq2Seq, transformer_config
-from test_core import copy_decoder_layer, copy_encoder_layer
 
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 
@@ -93,3 +93,22 @@ def test_cli_help_runs(capsys):
         bench.main(["--help"])
     assert exit_info.value.code == 0
     assert "--quick" in capsys.readouterr().out
+
+
+def test_inference_without_bf16_falls_back_to_fp32_and_says_so(parquet_data, monkeypatch):
+    """--quick times inference in bf16 only; a CPU without it got an empty table."""
+    monkeypatch.setattr(bench, "bf16_supported", lambda device: False)
+    sizes = dataclasses.replace(TINY, infer_precisions=("bf16",))
+    results = bench.run(str(parquet_data), sizes, torch.device("cpu"), sections=["inference"], log=lambda m: None)
+    inference = results["inference"]
+    assert inference["precisions"] == ["fp32"] and inference["skipped_precisions"] == ["bf16"]
+    assert inference["arms"] and all(a["rate_median"] > 0 for a in inference["arms"].values())
+    assert "precision fp32 (bf16 not supported here)" in bench.to_markdown(results, "python -m experiments.bench")
+
+
+def test_results_stay_untracked_unless_recorded():
+    from experiments import RECORDED, SCRATCH, results_folder
+
+    parser = bench.build_parser()
+    assert results_folder(parser.parse_args([])) == SCRATCH == RECORDED.parent / "runs" / "results"
+    assert results_folder(parser.parse_args(["--record"])) == RECORDED

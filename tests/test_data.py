@@ -1,11 +1,11 @@
 """Loaders for every source, label checks, normalisation, splits, tokenizer round-trip."""
 
 import pytest
-
-from classify.data import load_split, normalize, stratified_split
-from classify.errors import ClassifyError
-from classify.tokenize import PAD, encode, load_tokenizer, save_tokenizer, train_tokenizer, truncate
 from conftest import synthetic_reviews, write_acl_imdb, write_csv, write_jsonl
+
+from classify.errors import ClassifyError
+from classify.text.data import load_split, normalize, stratified_split
+from classify.text.tokenize import PAD, encode, load_tokenizer, train_tokenizer, truncate
 
 
 def test_parquet_folder(parquet_data):
@@ -94,7 +94,7 @@ def test_tokenizer_round_trip(tmp_path, kind):
     texts = [normalize(t) for t, _ in synthetic_reviews(200)]
     tok = train_tokenizer(texts, vocab_size=300, kind=kind)
     assert tok.token_to_id(PAD) == 0
-    save_tokenizer(tok, tmp_path / "tokenizer.json")
+    tok.save(str(tmp_path / "tokenizer.json"))
     again = load_tokenizer(tmp_path / "tokenizer.json")
     assert encode(tok, texts[:5], 64) == encode(again, texts[:5], 64)
     assert tok.encode("Great FILM").ids == tok.encode("great film").ids  # lower-cased

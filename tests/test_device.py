@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from classify.device import autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
+from classify.engine.device import autocast, autocast_dtype, grad_scaler, pin_memory, resolve_device, to_device
 from classify.errors import ClassifyError
 
 

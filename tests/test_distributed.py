@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_MODEL_ARGS, synthetic_reviews
 from safetensors.torch import load_file
 
-from classify import checkpoint
-from classify.batching import BucketBatchSampler
+from classify.engine.files import read_jsonl
+from classify.engine.loop import reshard_epoch
 from classify.inference import encode_texts, load_run, predict_ids
-from classify.train import main, reshard_epoch
-from conftest import TINY_MODEL_ARGS, synthetic_reviews
+from classify.text.batching import BucketBatchSampler
+from classify.train import main
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_worker.py")
@@ -90,6 +91,7 @@ def twin_run(parquet_data, tmp_path_factory) -> Path:
 
 
 # ------------------------------------------------------------------------ end to end
+@pytest.mark.slow
 def test_two_ranks_match_one_process_with_grad_accum(ddp_run, twin_run):
     for name in ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json"]:
         assert (ddp_run / name).exists(), name
@@ -101,8 +103,8 @@ def test_two_ranks_match_one_process_with_grad_accum(ddp_run, twin_run):
     assert_same_predictions(ddp_run, twin_run)
     # Logged once, by rank 0, with metrics over all ranks: training stats summed over both ranks' batches,
     # validation over the whole validation set (each rank scored half).
-    ddp_log = checkpoint.read_jsonl(ddp_run / "metrics.jsonl")
-    twin_log = checkpoint.read_jsonl(twin_run / "metrics.jsonl")
+    ddp_log = read_jsonl(ddp_run / "metrics.jsonl")
+    twin_log = read_jsonl(twin_run / "metrics.jsonl")
     assert [r["step"] for r in ddp_log] == [r["step"] for r in twin_log] == [8, 16, 24]
     for d, t in zip(ddp_log, twin_log):
         assert d["train_accuracy"] == t["train_accuracy"] and d["val_accuracy"] == t["val_accuracy"]
@@ -127,15 +129,17 @@ def resumed_copy(crashed: Path, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_resume_on_two_ranks_is_exact(parquet_data, crashed_run, ddp_run, tmp_path):
     """Rank 0 alone reads last/: the others get its weights (DDP) and optimizer state (broadcast)."""
     out = resumed_copy(crashed_run, tmp_path)
     result = torchrun("-m", "classify.train", *train_args(parquet_data, out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(last_weights(out)[1], last_weights(ddp_run)[1])
-    assert [r["step"] for r in checkpoint.read_jsonl(out / "metrics.jsonl")] == [8, 16, 24]
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [8, 16, 24]
 
 
+@pytest.mark.slow
 def test_resume_on_one_process_with_the_same_batches_per_step_is_exact(parquet_data, crashed_run, ddp_run,
                                                                        tmp_path):
     out = resumed_copy(crashed_run, tmp_path)
@@ -145,6 +149,7 @@ def test_resume_on_one_process_with_the_same_batches_per_step_is_exact(parquet_d
     assert_same_weights(weights, last_weights(ddp_run)[1])
 
 
+@pytest.mark.slow
 def test_resume_on_one_process_with_another_layout_finishes(parquet_data, crashed_run, tmp_path):
     out = resumed_copy(crashed_run, tmp_path)
     assert main(train_args(parquet_data, out)) == 0  # 1 batch per step: the epoch's rest is re-batched
@@ -155,6 +160,7 @@ def test_resume_on_one_process_with_another_layout_finishes(parquet_data, crashe
     assert state["epoch"] == 0 and len(state["epoch_skip"]) == 160 and state["batch_in_epoch"] == 14
 
 
+@pytest.mark.slow
 def test_error_on_rank_0_stops_every_rank(parquet_data, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
@@ -164,6 +170,30 @@ def test_error_on_rank_0_stops_every_rank(parquet_data, tmp_path):
     # Only rank 0 looks at --output; its one-line error reaches (and ends) both ranks.
     assert result.stderr.count("is not a classify run folder") == 2, result.stderr[-3000:]
     assert list(stranger.iterdir()) == [stranger / "notes.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["pretrain", "seq2seq"])
+def test_pretraining_and_seq2seq_train_and_resume_on_two_ranks(kind, parquet_data, tmp_path):
+    """The same loop, so the same torchrun support: rank 0 writes, all ranks stop together, a resume on
+    two ranks continues from last/ without repeating a logged validation."""
+    from test_pretrain import TINY_PRETRAIN_ARGS
+    from test_seq2seq import TINY, write_corpus
+
+    out = tmp_path / "run"
+    loop_args = ["--epochs", "5", "--eval-every", "4", "--save-every", "3"]
+    if kind == "pretrain":
+        module = ["-m", "classify.pretrain", "--data", str(parquet_data), *TINY_PRETRAIN_ARGS]
+    else:
+        corpus = write_corpus(tmp_path / "toy", {"train": 200, "val": 20})
+        module = ["-m", "classify.seq2seq", "train", "--data", str(corpus), *TINY]
+    for steps in (6, 10):
+        result = torchrun(*module, "--output", str(out), *loop_args, "--max-steps", str(steps))
+        assert result.returncode == 0, result.stderr[-3000:]
+    state, _ = last_weights(out)
+    assert state["step"] == 10 and state["layout"]["batches_per_step"] == 2
+    steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
+    assert steps == ([0] if kind == "pretrain" else []) + [4, 6, 8, 10]
 
 
 # ------------------------------------------------------------------- data bookkeeping

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import synthetic_reviews, write_csv
 from sklearn.metrics import accuracy_score, f1_score
 
-from classify.data import load_split, stratified_split, training_split
 from classify.errors import run_cli
 from classify.evaluate import (bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main,
                                run_training_split)
 from classify.report import md
-from classify.review_groups import grouped_split, review_groups
-from conftest import synthetic_reviews, write_csv
+from classify.text.data import load_split, stratified_split, training_split
+from classify.text.review_groups import grouped_split, review_groups
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

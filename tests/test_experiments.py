@@ -15,6 +15,7 @@ from conftest import TINY_MODEL_ARGS
 from experiments import ablations, baseline, pretraining, seeds, trainruns
 
 
+@pytest.mark.slow
 def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parquet_data, tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
     argv = ["--data", str(parquet_data), "--seeds", "0", "1", "--parallel", "2", "--time-budget", "5",
@@ -45,6 +46,7 @@ def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parq
     assert (runs / "seed0" / "test_metrics.json").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_pretraining_fine_tunes_each_snapshot_and_the_final_weights(parquet_data, tmp_path):
     runs, results = tmp_path / "runs", tmp_path / "results"
     pretrain_args = ("--d-model 32 --heads 2 --layers 1 --d-ff 64 --max-len 64 --vocab-size 200 --max-tokens 512 "
@@ -84,6 +86,7 @@ def test_repeated_seeds_are_refused(capsys):
     assert "repeats" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failing_run_stops_the_rest_of_its_group(tmp_path):
     def started(name: str, code: str) -> trainruns.Training:
         output = tmp_path / name
@@ -112,6 +115,7 @@ def test_baseline_tunes_c_on_validation(parquet_data, tmp_path):
     assert all(0.5 < row["test_accuracy"] <= 1 for row in report["results"].values())
 
 
+@pytest.mark.slow
 def test_ablation_chain_differs_at_every_step_and_each_variant_trains_as_configured(parquet_data, tmp_path):
     chain = ablations.variants()
     assert chain[0][0] == "bloem" and "--no-padding-mask" in chain[0][2]

@@ -4,11 +4,12 @@ import json
 
 import pytest
 import torch
+from test_core import TOL, copy_decoder_layer, copy_encoder_layer, lengths_to_tokens
 from torch import nn
 
-from classify import checkpoint
+from classify.engine.files import load_model_weights, model_state, save_tensors
+from classify.generate import generate
 from classify.models import Classifier, ClassifierConfig, Transformer, TransformerConfig
-from test_core import TOL, copy_decoder_layer, copy_encoder_layer, lengths_to_tokens
 
 
 def tiny_transformer(**overrides) -> Transformer:
@@ -86,6 +87,7 @@ def test_all_padding_row_is_finite():
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long))).all()
 
 
+@pytest.mark.slow
 def test_classifier_learns_separable_toy_task():
     torch.manual_seed(0)
     # class 1 sequences contain token 3; class 0 contain token 4; the rest is noise 5..19
@@ -129,9 +131,9 @@ def test_cached_greedy_equals_full_rerun_and_beam_one():
     torch.manual_seed(0)
     model = tiny_transformer()
     src = torch.randint(3, 20, (4, 7))
-    cached = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2)
-    rerun = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2, use_cache=False)
-    beam1 = model.generate(src, max_new_tokens=10, bos_id=1, eos_id=2, beam_size=1)
+    cached = generate(model, src, max_new_tokens=10, bos_id=1, eos_id=2)
+    rerun = generate(model, src, max_new_tokens=10, bos_id=1, eos_id=2, use_cache=False)
+    beam1 = generate(model, src, max_new_tokens=10, bos_id=1, eos_id=2, beam_size=1)
     assert torch.equal(cached, rerun)
     assert torch.equal(cached, beam1)
     assert cached[:, 0].eq(1).all()
@@ -141,8 +143,8 @@ def test_beam_search_cache_matches_rerun_and_scores_at_least_greedy():
     torch.manual_seed(0)
     model = tiny_transformer()
     src = torch.randint(3, 20, (3, 6))
-    a = model.generate(src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4)
-    b = model.generate(src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4, use_cache=False)
+    a = generate(model, src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4)
+    b = generate(model, src, max_new_tokens=8, bos_id=1, eos_id=2, beam_size=4, use_cache=False)
     assert torch.equal(a, b)
 
 
@@ -153,6 +155,7 @@ def _copy_task_batch(n: int, length: int, vocab: int):
     return src, tgt
 
 
+@pytest.mark.slow
 def test_transformer_learns_copy_task():
     torch.manual_seed(0)
     vocab = 12
@@ -167,10 +170,10 @@ def test_transformer_learns_copy_task():
         loss.backward()
         opt.step()
     src, tgt = _copy_task_batch(100, 6, vocab)
-    out = model.generate(src, max_new_tokens=7, bos_id=1, eos_id=2)
+    out = generate(model, src, max_new_tokens=7, bos_id=1, eos_id=2)
     seq_acc = (out[:, : tgt.shape[1]] == tgt).all(dim=1).float().mean()
     assert seq_acc > 0.95, seq_acc
-    beam = model.generate(src, max_new_tokens=7, bos_id=1, eos_id=2, beam_size=3)
+    beam = generate(model, src, max_new_tokens=7, bos_id=1, eos_id=2, beam_size=3)
     assert (beam[:, : tgt.shape[1]] == tgt).all(dim=1).float().mean() > 0.95
 
 
@@ -181,14 +184,14 @@ def test_tied_embeddings_share_storage():
 
 def test_tied_embeddings_are_saved_once_and_stay_tied_after_loading(tmp_path):
     model = tiny_transformer(tie_embeddings=True)
-    state = checkpoint.model_state(model)
+    state = model_state(model)
     assert "tgt_embed.tokens.weight" in state and "generator.weight" not in state
-    checkpoint.save_tensors(tmp_path / "w.safetensors", state)
+    save_tensors(tmp_path / "w.safetensors", state)
     loaded = tiny_transformer(tie_embeddings=True)
-    checkpoint.load_model_weights(loaded, tmp_path / "w.safetensors")
+    load_model_weights(loaded, tmp_path / "w.safetensors")
     assert loaded.generator.weight.data_ptr() == loaded.tgt_embed.tokens.weight.data_ptr()
     assert torch.equal(loaded.generator.weight, model.generator.weight)
-    assert set(checkpoint.model_state(tiny_transformer())) == set(state) | {"generator.weight"}  # untied: both
+    assert set(model_state(tiny_transformer())) == set(state) | {"generator.weight"}  # untied: both
 
 
 def test_attention_dropout_is_separate_from_dropout():

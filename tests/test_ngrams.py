@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from classify import checkpoint
-from classify.batching import pad_batch
+from classify.engine import files
+from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
 from classify.ngrams import NgramBag, feature_matrix, fit_mix, fit_ngram_bag, ngram_ids
 
@@ -120,9 +120,9 @@ def test_fit_mix_finds_the_weights_that_generated_the_labels():
 
 def test_branch_weights_round_trip_and_older_configs_load_without_a_branch(tmp_path):
     model = branch_model()
-    checkpoint.save_tensors(tmp_path / "w.safetensors", checkpoint.model_state(model))
+    files.save_tensors(tmp_path / "w.safetensors", files.model_state(model))
     again = Classifier(ClassifierConfig.from_dict(model.config.to_dict())).eval()
-    checkpoint.load_model_weights(again, tmp_path / "w.safetensors")
+    files.load_model_weights(again, tmp_path / "w.safetensors")
     tokens = pad_batch([[1, 2, 3, 4], [5, 6]], 0)
     torch.testing.assert_close(again(tokens), model(tokens))
     # A config.json written before the branch existed has no ngram fields: a pure transformer.
@@ -140,5 +140,5 @@ def test_token_contributions_add_up_to_the_branch_logit_difference():
     direction = torch.tensor([-1.0, 1.0])
     shares = bag.token_contributions(review, direction)
     assert shares.shape == (len(review),)
-    expected = float((bag(torch.tensor([review]))[0] - bag.bias) @ direction)
+    expected = float((bag(torch.tensor([review]))[0] - bag.bias).detach() @ direction)
     assert abs(shares.sum() - expected) < 1e-4

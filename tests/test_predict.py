@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import synthetic_reviews, write_csv, write_jsonl
 
-import classify.inputs as inputs_module
-from classify import predict
+import classify.text.inputs as inputs_module
+from classify import inference, predict
 from classify.errors import ClassifyError
 from classify.explain import explain, to_html, token_attributions
 from classify.inference import encode_texts, load_run
 from classify.predict import main
-from conftest import synthetic_reviews, write_csv, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = ["A wonderful, superb film; I loved the brilliant cast.", "Awful and boring, the worst waste of time.",
@@ -189,14 +189,19 @@ def test_attributions_use_the_models_tokens_and_add_up(trained_run):
     assert len(explanation.segments) == 2  # head+tail truncation: the middle was not read
     ids = encode_texts(run, [text])[0]
     assert sum(1 for _ in explanation.words) == len(ids)  # one word per token for this text
-    # Integrated gradients: attributions sum to f(x) - f(0) (log-odds), here within 5%.
+    # Integrated gradients + the n-gram branch's exact shares: attributions sum to f(x) - f(baseline) (log-odds),
+    # the baseline being all-zero token embeddings and an empty n-gram bag (its bias alone), here within 5%.
+    assert run.model.ngram is not None and float(run.model.mix[1]) != 0
     scores = token_attributions(run, ids, 1, 64, torch.device("cpu"))
 
     def log_odds(scale: float) -> float:
-        hook = run.model.embed.tokens.register_forward_hook(lambda m, i, out: out * scale)
+        hooks = [run.model.embed.tokens.register_forward_hook(lambda m, i, out: out * scale)]
+        if scale == 0:
+            hooks.append(run.model.ngram.register_forward_hook(lambda m, i, out: m.bias.expand_as(out)))
         with torch.no_grad():
             logits = run.model(torch.tensor([ids]))[0]
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
         return float(logits[1] - logits[0])
 
     assert scores.sum() == pytest.approx(log_odds(1.0) - log_odds(0.0), rel=0.05)
@@ -265,11 +270,12 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
         os.utime(Path(run) / "model.safetensors", (1e9 - age, 1e9 - age))
     edit_config(tmp_path / "runs" / "translation", lambda c: c.update(kind="seq2seq"))  # newest, wrong kind
     monkeypatch.chdir(tmp_path)
-    assert predict.newest_run() == Path("runs") / "new"
+    assert inference.newest_run() == Path("runs") / "new"
     records = run_json(capsys, GOOD[0])
     assert records[0]["label"] == "pos"
 
 
+@pytest.mark.slow
 def test_cli_subprocess_exit_codes_and_no_traceback(trained_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ok = subprocess.run([sys.executable, "-m", "classify.predict", "--model", str(trained_run), "--json", "-"],

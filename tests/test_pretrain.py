@@ -5,20 +5,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_MODEL_ARGS, synthetic_reviews, write_parquet_folder
 from safetensors.torch import load_file
 
+import classify.engine.loop as loop
 import classify.train as train_module
-from classify import checkpoint
-from classify.data import normalize
+from classify.engine.files import read_jsonl, write_json
+from classify.engine.optim import build_optimizer, set_lr
+from classify.engine.runfolder import CONFIG, FORMAT_VERSION
 from classify.errors import ClassifyError, run_cli
 from classify.finetune import layer_lr_scale, load_pretrained_encoder
-from classify.mlm import IGNORE, Masker, MaskedLM
+from classify.mlm import IGNORE, MaskedLM, Masker
 from classify.models import Classifier, ClassifierConfig
 from classify.pretrain import main as pretrain_main
 from classify.pretrain import pretraining_texts
-from classify.tokenize import SPECIAL_TOKENS, train_tokenizer
-from classify.training import build_optimizer, set_lr
-from conftest import TINY_MODEL_ARGS, synthetic_reviews, write_parquet_folder
+from classify.text.data import normalize
+from classify.text.tokenize import SPECIAL_TOKENS, train_tokenizer
 
 TINY_PRETRAIN_ARGS = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--max-len", "64",
                       "--vocab-size", "200", "--max-tokens", "512", "--val-size", "80", "--mlm-val-size", "100",
@@ -113,7 +115,7 @@ def test_pretraining_learns_and_writes_a_run_folder(pretrained_run):
         assert (pretrained_run / name).exists(), name
     config = json.loads((pretrained_run / "config.json").read_text())
     assert config["kind"] == "pretrain" and config["model"]["d_model"] == 32
-    records = checkpoint.read_jsonl(pretrained_run / "metrics.jsonl")
+    records = read_jsonl(pretrained_run / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 30, 60, 90]
     assert records[-1]["val_loss"] < records[0]["val_loss"] - 0.3  # MLM loss falls
     assert records[-1]["val_accuracy"] > records[0]["val_accuracy"]
@@ -122,7 +124,7 @@ def test_pretraining_learns_and_writes_a_run_folder(pretrained_run):
 
 def test_pretraining_text_excludes_test_and_classifier_validation(unlabelled_data, monkeypatch):
     import classify.pretrain as pretrain_module
-    from classify.data import training_split
+    from classify.text.data import training_split
 
     splits = []
     real = pretrain_module.load_split
@@ -153,7 +155,7 @@ def test_pretraining_resumes(unlabelled_data, tmp_path):
     assert pretrain_main([*args, "--max-steps", "12"]) == 0
     state = json.loads((run / "last" / "state.json").read_text())
     assert state["step"] == 12
-    assert [r["step"] for r in checkpoint.read_jsonl(run / "metrics.jsonl")] == [0, 6, 8, 12]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 6, 8, 12]
     with pytest.raises(ClassifyError, match="differs in: mask_prob"):
         pretrain_main([*args, "--mask-prob", "0.2"])
 
@@ -162,20 +164,22 @@ def test_pretraining_resumes(unlabelled_data, tmp_path):
 def test_init_from_loads_exactly_the_pretrained_encoder(pretrained_run, unlabelled_data, tmp_path, monkeypatch):
     pretrained = load_file(str(pretrained_run / "model.safetensors"))
     seen = {}
-    real_step = train_module.optimizer_step
+    real_step = loop.optimizer_step
 
     def capture(loss, model, *args, **kwargs):  # the weights as fine-tuning starts, before any update
         seen.setdefault("state", {k: v.clone() for k, v in model.state_dict().items()})
         return real_step(loss, model, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "optimizer_step", capture)
+    monkeypatch.setattr(loop, "optimizer_step", capture)
     out = tmp_path / "finetune"
     assert train_module.main(["--init-from", str(pretrained_run), "--data", str(unlabelled_data), "--output",
                               str(out), "--val-size", "80", "--max-steps", "3", "--quiet", "--no-test"]) == 0
     start = seen["state"]
-    encoder = [k for k in start if not k.startswith("head.")]
+    encoder = [k for k in start if k.startswith(("embed.", "encoder."))]
     assert encoder and all(torch.equal(start[k], pretrained[k]) for k in encoder)
-    assert set(start) - set(encoder) == {"head.weight", "head.bias"}  # a fresh head
+    # A fresh head, and the default n-gram branch fitted on the labelled reviews (not pretrained).
+    assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "ngram.scale",
+                                         "mix"}
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["init_from"] == str(pretrained_run) and config["train"]["lr"] == 3e-4
     assert config["model"]["d_model"] == 32 and config["model"]["max_len"] == 64
@@ -195,7 +199,7 @@ def test_load_pretrained_encoder_refuses_a_different_model(pretrained_run):
 
 @pytest.mark.parametrize("flags, message", [
     (["--d-model", "64"], "--d-model 64 vs pretrained --d-model 32"),
-    (["--post-ln"], "--post-ln vs pretrained no --post-ln"),
+    (["--post-ln"], "--no-norm-first vs pretrained --norm-first"),  # --post-ln: the old spelling
     (["--tokenizer", "bpe"], "--tokenizer bpe vs pretrained --tokenizer word"),
 ])
 def test_init_from_refuses_conflicting_flags(pretrained_run, unlabelled_data, tmp_path, capsys, flags, message):
@@ -209,7 +213,7 @@ def test_init_from_refuses_conflicting_flags(pretrained_run, unlabelled_data, tm
 
 def test_init_from_refuses_runs_that_are_not_pretraining(tmp_path):
     classifier_run = tmp_path / "classifier"
-    checkpoint.write_config(classifier_run, "classifier", {"d_model": 32})
+    write_json(classifier_run / CONFIG, {"format_version": FORMAT_VERSION, "kind": "classifier", "model": {}})
     with pytest.raises(ClassifyError, match="not a 'pretrain' run"):
         train_module.main(["--init-from", str(classifier_run), "--output", str(tmp_path / "x"), *TINY_MODEL_ARGS])
     with pytest.raises(ClassifyError, match="--init-from: run folder not found"):

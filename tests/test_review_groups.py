@@ -7,8 +7,8 @@ import string
 
 import numpy as np
 
-from classify.data import training_split
-from classify.review_groups import grouped_split, review_groups
+from classify.text.data import training_split
+from classify.text.review_groups import grouped_split, review_groups
 
 FILLER = "the movie film plot actor story scene was and it of this to in with director music cast".split()
 

@@ -16,11 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from classify import checkpoint
+from classify.engine.files import load_tensors, read_jsonl, write_json
+from classify.engine.runfolder import (CONFIG, FORMAT_VERSION, LAST, METRICS, TEST_METRICS, TOKENIZER, WEIGHTS,
+                                       read_config)
 from classify.errors import run_cli
-from classify.seq2seq import (bleu_scores, decode_ids, encode_side, load_parallel, load_translator, main,
-                              special_ids)
-from classify.tokenize import train_tokenizer
+from classify.generate import generate
+from classify.seq2seq.cli import main
+from classify.seq2seq.data import decode_ids, encode_side, load_parallel, special_ids
+from classify.seq2seq.metrics import bleu_scores
+from classify.seq2seq.translate import load_translator
+from classify.text.tokenize import train_tokenizer
 
 WORDS = {  # target word -> source word
     "a": "ein", "the": "der", "two": "zwei", "big": "groß", "small": "klein", "red": "rot",
@@ -73,20 +78,20 @@ def run(tmp_path_factory, corpus) -> Path:
 
 
 def read_state(run: Path) -> dict:
-    return json.loads((run / checkpoint.LAST / "state.json").read_text())
+    return json.loads((run / LAST / "state.json").read_text())
 
 
 # ---------------------------------------------------------------------------- training
 def test_training_writes_a_run_folder_and_learns(run):
-    config = checkpoint.read_config(run, "seq2seq")
+    config = read_config(run, "seq2seq")
     assert config["model"]["tie_embeddings"] and config["train"]["epochs"] == 8
-    assert (run / checkpoint.TOKENIZER).exists() and (run / checkpoint.WEIGHTS).exists()
-    metrics = checkpoint.read_jsonl(run / checkpoint.METRICS)
+    assert (run / TOKENIZER).exists() and (run / WEIGHTS).exists()
+    metrics = read_jsonl(run / METRICS)
     assert [round(m["epoch"]) for m in metrics] == [1, 2, 3, 4, 5, 6, 7, 8]  # resumed: no epoch repeated or lost
     assert read_state(run)["epoch"] == 8
     assert metrics[-1]["val_loss"] < metrics[0]["val_loss"] - 1.0
     assert max(m["val_bleu"] for m in metrics) > 80
-    test = json.loads((run / checkpoint.TEST_METRICS).read_text())
+    test = json.loads((run / TEST_METRICS).read_text())
     assert test["sentences"] == 40 and 0 <= test["bleu"] <= 100
 
 
@@ -99,36 +104,36 @@ def test_resume_mid_epoch_reproduces_an_uninterrupted_run(corpus, tmp_path):
     assert main(["train", *args, "--output", str(split), "--epochs", "2"]) == 0
     a, b = read_state(straight), read_state(split)
     assert a["step"] == b["step"]
-    wa = checkpoint.load_tensors(straight / checkpoint.LAST / a["weights_file"])
-    wb = checkpoint.load_tensors(split / checkpoint.LAST / b["weights_file"])
+    wa = load_tensors(straight / LAST / a["weights_file"])
+    wb = load_tensors(split / LAST / b["weights_file"])
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_epochs_of_different_lengths_each_end_on_their_own_batch_list(corpus, tmp_path, monkeypatch):
     """Under a token budget an epoch's batch count depends on its shuffle. Training once assumed
     every epoch had the first one's count and spun forever at the end of a shorter epoch."""
-    import classify.seq2seq as seq2seq
+    import classify.engine.loop as loop
 
-    class Uneven(seq2seq.BucketBatchSampler):
+    class Uneven(loop.BucketBatchSampler):
         def batches(self) -> list[list[int]]:
             batches = super().batches()
             if self.epoch % 2:  # odd epochs: the last two batches merged, one batch fewer
                 batches[-2:] = [batches[-2] + batches[-1]]
             return batches
 
-    monkeypatch.setattr(seq2seq, "BucketBatchSampler", Uneven)
+    monkeypatch.setattr(loop, "BucketBatchSampler", Uneven)
     out = tmp_path / "uneven"
     assert main(["train", "--data", str(corpus), "--output", str(out), "--epochs", "3", *TINY]) == 0
-    assert [m["epoch"] for m in checkpoint.read_jsonl(out / checkpoint.METRICS)] == [1.0, 2.0, 3.0]
+    assert [m["epoch"] for m in read_jsonl(out / METRICS)] == [1.0, 2.0, 3.0]
     state = read_state(out)
     assert state["epoch"] == 3 and state["step"] % 3 == 2  # epochs of n, n - 1 and n batches
 
 
 def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path, monkeypatch):
-    import classify.seq2seq as seq2seq
+    import classify.engine.loop as loop
 
     calls = {"n": 0}
-    real_step = seq2seq.optimizer_step
+    real_step = loop.optimizer_step
 
     def step_then_interrupt(*args, **kwargs):
         calls["n"] += 1
@@ -136,7 +141,7 @@ def test_ctrl_c_saves_and_exits_cleanly(corpus, tmp_path, monkeypatch):
             signal.raise_signal(signal.SIGINT)  # what Ctrl-C does, caught by StopSignal
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(seq2seq, "optimizer_step", step_then_interrupt)
+    monkeypatch.setattr(loop, "optimizer_step", step_then_interrupt)
     out = tmp_path / "interrupted"
     assert main(["train", "--data", str(corpus), "--output", str(out), "--epochs", "2", *TINY]) == 130
     assert read_state(out)["step"] == 3
@@ -183,8 +188,8 @@ def test_greedy_with_and_without_cache_agree(run, corpus):
     sources = load_parallel(corpus, "test", "de", "en").src[:16]
     ids = encode_side(translator.tokenizer, sources, 32)
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(x) for x in ids], batch_first=True)
-    cached = translator.model.generate(src, 20, bos, eos)
-    rerun = translator.model.generate(src, 20, bos, eos, use_cache=False)
+    cached = generate(translator.model, src, 20, bos, eos)
+    rerun = generate(translator.model, src, 20, bos, eos, use_cache=False)
     assert torch.equal(cached, rerun)
 
 
@@ -236,7 +241,7 @@ def test_user_errors_are_one_line(corpus, run, tmp_path, capsys):
     assert "corrupt" in one_line_error(["translate", "--model", str(corrupt), "Hallo"], capsys)
 
     classifier = tmp_path / "classifier"
-    checkpoint.write_config(classifier, "classifier", {})
+    write_json(classifier / CONFIG, {"format_version": FORMAT_VERSION, "kind": "classifier", "model": {}})
     assert "not a 'seq2seq' run" in one_line_error(["translate", "--model", str(classifier), "Hallo"], capsys)
 
     assert "different run" in one_line_error(

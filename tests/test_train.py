@@ -1,4 +1,4 @@
-"""python -m classify.train end to end: run folder, resume equivalence, Ctrl-C, atomic writes, errors."""
+"""python -m classify.train end to end: run folder, Ctrl-C, atomic writes, errors (kill-and-resume: test_loop.py)."""
 
 import json
 import os
@@ -7,12 +7,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TINY_MODEL_ARGS, write_csv, write_jsonl
 from safetensors.torch import load_file
 
-import classify.train as train_module
-from classify import checkpoint
+import classify.engine.files as files
+import classify.engine.loop as loop
+from classify.engine.files import read_jsonl, save_tensors
+from classify.engine.runfolder import FORMAT_VERSION
 from classify.train import main
-from conftest import TINY_MODEL_ARGS, write_csv, write_jsonl
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
              "last/state.json"]
@@ -22,9 +24,9 @@ def test_trained_run_folder_is_complete(trained_run):
     for name in RUN_FILES:
         assert (trained_run / name).exists(), name
     config = json.loads((trained_run / "config.json").read_text())
-    assert config["format_version"] == checkpoint.FORMAT_VERSION and config["kind"] == "classifier"
+    assert config["format_version"] == FORMAT_VERSION and config["kind"] == "classifier"
     assert config["model"]["d_model"] == 32 and config["labels"] == ["neg", "pos"]
-    records = checkpoint.read_jsonl(trained_run / "metrics.jsonl")
+    records = read_jsonl(trained_run / "metrics.jsonl")
     assert len(records) == 4  # one evaluation per epoch
     assert {"step", "epoch", "train_loss", "val_loss", "val_accuracy", "lr", "elapsed_s", "tokens_per_s"} <= set(records[0])
     test = json.loads((trained_run / "test_metrics.json").read_text())
@@ -42,38 +44,8 @@ def last_weights(run):
     return state, load_file(str(run / "last" / state["weights_file"]))
 
 
-def test_resume_after_kill_matches_uninterrupted(parquet_data, tmp_path, monkeypatch):
-    assert run_steps(parquet_data, tmp_path / "straight") == 0
-
-    real_step, calls = train_module.optimizer_step, {"n": 0}
-
-    def crash_at_13(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 13:
-            raise RuntimeError("simulated kill")  # files are left as a SIGKILL would leave them
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(train_module, "optimizer_step", crash_at_13)
-    with pytest.raises(RuntimeError, match="simulated kill"):
-        run_steps(parquet_data, tmp_path / "killed")
-    state, _ = last_weights(tmp_path / "killed")
-    assert state["step"] == 10  # the last periodic save before the kill
-    monkeypatch.setattr(train_module, "optimizer_step", real_step)
-    assert run_steps(parquet_data, tmp_path / "killed") == 0
-
-    a_state, a = last_weights(tmp_path / "straight")
-    b_state, b = last_weights(tmp_path / "killed")
-    assert a_state["step"] == b_state["step"] == 24
-    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
-    best_a = load_file(str(tmp_path / "straight" / "model.safetensors"))
-    best_b = load_file(str(tmp_path / "killed" / "model.safetensors"))
-    assert all((best_a[k] == best_b[k]).all() for k in best_a)
-    steps = [r["step"] for r in checkpoint.read_jsonl(tmp_path / "killed" / "metrics.jsonl")]
-    assert steps == [8, 16, 24]  # no duplicated evaluations after the resume
-
-
 def test_ctrl_c_saves_and_exits_cleanly(parquet_data, tmp_path, monkeypatch):
-    real_step, calls = train_module.optimizer_step, {"n": 0}
+    real_step, calls = loop.optimizer_step, {"n": 0}
 
     def interrupt_at_7(*args, **kwargs):
         calls["n"] += 1
@@ -81,7 +53,7 @@ def test_ctrl_c_saves_and_exits_cleanly(parquet_data, tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "optimizer_step", interrupt_at_7)
+    monkeypatch.setattr(loop, "optimizer_step", interrupt_at_7)
     assert run_steps(parquet_data, tmp_path / "run") == 130
     state, _ = last_weights(tmp_path / "run")
     assert state["step"] == 7
@@ -98,16 +70,16 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
     import torch
 
     path = tmp_path / "model.safetensors"
-    checkpoint.save_tensors(path, {"w": torch.ones(3)})
+    save_tensors(path, {"w": torch.ones(3)})
 
     def explode(tensors, filename):
         with open(filename, "wb") as f:
             f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", explode)
+    monkeypatch.setattr(files, "save_file", explode)
     with pytest.raises(OSError):
-        checkpoint.save_tensors(path, {"w": torch.zeros(3)})
+        save_tensors(path, {"w": torch.zeros(3)})
     assert load_file(str(path))["w"].tolist() == [1.0, 1.0, 1.0]
     assert list(tmp_path.iterdir()) == [path]
 
@@ -124,11 +96,12 @@ def assert_one_line_error(result, fragment):
     assert len([l for l in result.stderr.splitlines() if "error" in l]) == 1
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path, parquet_data):
     out = str(tmp_path / "out")
     assert_one_line_error(cli("--data", str(tmp_path / "missing"), "--output", out), "not found")
     assert_one_line_error(cli("--data", str(parquet_data), "--output", out, "--d-model", "30", "--heads", "4"),
-                          "not divisible")
+                          "must be a multiple of num_heads")
     bad_labels = write_jsonl(tmp_path / "labels.jsonl", [("good", 1), ("bad", 7)] * 50)
     assert_one_line_error(cli("--data", str(bad_labels), "--output", out), "label 7")
     cols = tmp_path / "cols.csv"
@@ -139,6 +112,7 @@ def test_cli_errors_are_one_line(tmp_path, parquet_data):
     assert_one_line_error(cli("--data", str(empty), "--output", out), "empty")
 
 
+@pytest.mark.slow
 def test_refuses_folder_holding_a_different_run(trained_run, parquet_data, tmp_path):
     result = cli("--data", str(parquet_data), "--output", str(trained_run), "--d-model", "64", "--heads", "2",
                  "--quiet")
@@ -149,6 +123,7 @@ def test_refuses_folder_holding_a_different_run(trained_run, parquet_data, tmp_p
     assert_one_line_error(cli("--data", str(parquet_data), "--output", str(stranger)), "not a classify run")
 
 
+@pytest.mark.slow
 def test_help_explains_flags():
     result = cli("--help")
     assert result.returncode == 0
@@ -168,11 +143,26 @@ def test_csv_source_trains_without_test_split(tmp_path):
     assert (out / "model.safetensors").exists() and not (out / "test_metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_real_imdb_sample_beats_chance(shared_imdb, tmp_path):
     out = tmp_path / "imdb"
     assert main(["--data", str(shared_imdb), "--output", str(out), "--limit", "3000", "--val-size", "500",
                  "--epochs", "2", "--d-model", "64", "--heads", "2", "--layers", "1", "--d-ff", "128",
                  "--max-len", "128", "--vocab-size", "8000", "--batch-size", "32", "--lr", "2e-3",
                  "--warmup", "20", "--quiet", "--no-test"]) == 0
-    best = max(r["val_accuracy"] for r in checkpoint.read_jsonl(out / "metrics.jsonl"))
+    best = max(r["val_accuracy"] for r in read_jsonl(out / "metrics.jsonl"))
     assert best > 0.68, best
+
+
+def test_validation_size_follows_the_data_when_not_given(parquet_data, tmp_path, capsys):
+    from classify.text.data import default_val_size
+
+    assert (default_val_size(25000), default_val_size(3000), default_val_size(400)) == (2500, 300, 40)
+    i = TINY_MODEL_ARGS.index("--val-size")
+    tiny = TINY_MODEL_ARGS[:i] + TINY_MODEL_ARGS[i + 2:]
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--limit", "300", "--max-steps", "2",
+                 *tiny]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["val_size"] == 30  # recorded: resumes compare it
+    assert main(["--data", str(parquet_data), "--output", str(out), "--limit", "300", "--max-steps", "4",
+                 *tiny]) == 0  # the same default again: the same run, resumed

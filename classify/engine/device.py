@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 HUB_DEFAULT = "stanfordnlp/imdb"
 LABEL_NAMES = ("neg", "pos")
@@ -207,13 +207,19 @@ def stratified_split(labels: list[int], val_size: int, seed: int) -> tuple[list[
 SPLITS_BY = ("grouped", "random")
 
 
-def training_split(source: str, val_size: int, seed: int, limit: int | None = None,
+def default_val_size(examples: int) -> int:
+    """Validation examples carved from ``examples`` training examples when no size is asked for: 10%, at
+    most 2,500 (IMDB's 25,000 give 2,500; ``--limit 3000`` gives 300 and trains on 2,700)."""
+    return min(2500, examples // 10)
+
+
+def training_split(source: str, val_size: int | None, seed: int, limit: int | None = None,
                    split: str = "grouped") -> tuple[Examples, Examples]:
     """The (train, validation) examples of a run: ``source``'s train split, cut to a seeded sample of
-    ``limit`` reviews if given, then split. ``classify.train`` trains on exactly this, and
-    ``classify.evaluate --baseline`` rebuilds it from a run's config.json.
+    ``limit`` reviews if given, then split (``val_size`` None: ``default_val_size``). ``classify.train``
+    trains on exactly this, and ``classify.evaluate --baseline`` rebuilds it from a run's config.json.
 
-    ``split="grouped"`` keeps reviews of one movie on one side (``classify.review_groups``), so that
+    ``split="grouped"`` keeps reviews of one movie on one side (``classify.text.review_groups``), so that
     validation accuracy predicts test accuracy; ``"random"`` is the stratified random split of runs
     made before grouping existed (it shares movies with training and flatters the model).
     """
@@ -225,6 +231,8 @@ def training_split(source: str, val_size: int, seed: int, limit: int | None = No
     if limit and limit < len(full):
         # A seeded sample, not the file's first rows: IMDB files are sorted by label.
         full = full.subset(sorted(np.random.default_rng(seed).permutation(len(full))[:limit]))
+    if val_size is None:
+        val_size = default_val_size(len(full))
     if split == "random":
         train_idx, val_idx = stratified_split(full.labels, val_size, seed)
     else:

@@ -7,7 +7,7 @@
         loss_sum, count = all_sum([loss_sum, count])  # the same totals on every rank
 
 torchrun describes the job in the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``/``MASTER_PORT``); ``classify.device.resolve_device`` already puts each
+``MASTER_ADDR``/``MASTER_PORT``); ``classify.engine.device.resolve_device`` already puts each
 rank on its ``LOCAL_RANK`` GPU. Every helper here also works in a single process, where
 it does the obvious local thing, so the training loop has one code path.
 
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 T = TypeVar("T")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 ORDERED_BLOCK = 25           # rows per group (at least) when the row order follows the movies
 MAX_GROUP = 30               # IMDB keeps at most 30 reviews of one movie

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 MAX_REVIEW_CHARS = 16 * 2**20  # far beyond any real review; bounds the memory one input line can take
 FORMATS = ("auto", "text", "jsonl", "csv")

@@ -102,42 +102,16 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int |
     return out
 
 
-class TokenizedDataset(torch.utils.data.Dataset):
-    """Token id lists (tokenized once, up front) with integer labels."""
-
-    def __init__(self, ids: list[list[int]], labels: Sequence[int]):
-        self.ids, self.labels = ids, list(labels)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> tuple[list[int], int]:
-        return self.ids[i], self.labels[i]
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(x) for x in self.ids]
-
-
 class Collate:
-    """(ids, label) pairs -> {"tokens": (B, T) padded, "labels": (B,)}. A class, not a lambda, so
-    DataLoader workers can pickle it."""
+    """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels": (B,)`` when the
+    examples have labels. A class, not a closure, so DataLoader workers can pickle it."""
 
-    def __init__(self, pad_id: int = 0, pad_to: int | None = None):
-        self.pad_id = pad_id
-        self.pad_to = pad_to
+    def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | None = None, pad_id: int = 0,
+                 pad_to: int | None = None):
+        self.ids, self.labels, self.pad_id, self.pad_to = ids, labels, pad_id, pad_to
 
-    def __call__(self, items: list[tuple[list[int], int]]) -> dict[str, torch.Tensor]:
-        ids, labels = zip(*items)
-        return {"tokens": pad_batch(ids, self.pad_id, self.pad_to), "labels": torch.tensor(labels, dtype=torch.long)}
-
-
-def make_loader(dataset: TokenizedDataset, sampler: BucketBatchSampler, pad_id: int, num_workers: int = 0,
-                pin_memory: bool = False, pad_to: int | None = None) -> torch.utils.data.DataLoader:
-    """``pad_to``: pad every batch to this fixed length (the naive pipeline, for comparisons)."""
-    # A private generator: creating an iterator otherwise draws from the global torch RNG, which would
-    # make dropout after a mid-epoch resume differ from the uninterrupted run.
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collate(pad_id, pad_to),
-                                       num_workers=num_workers, pin_memory=pin_memory,
-                                       persistent_workers=num_workers > 0,
-                                       generator=torch.Generator().manual_seed(sampler.seed))
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to)}
+        if self.labels is not None:
+            batch["labels"] = torch.tensor([self.labels[i] for i in indices], dtype=torch.long)
+        return batch

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from .errors import ClassifyError
+from ..errors import ClassifyError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4, in this order
@@ -65,12 +65,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "word", m
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
-
-
-def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
-    from .checkpoint import write_text
-
-    write_text(path, tokenizer.to_str())
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -1,0 +1,313 @@
+"""Run folders: every file a run writes, and the rule that one process writes at a time.
+
+A run folder (Hugging Face style)::
+
+    RUN/
+      config.json         {"format_version", "kind", "model": {...}, "train": {...}, "labels": [...]}
+      tokenizer.json      Hugging Face tokenizers file
+      model.safetensors   best weights on validation
+      last/
+        model-<step>.safetensors      latest weights
+        optimizer-<step>.safetensors  optimizer tensors (flattened state dict)
+        state.json                    names those files; step, epoch, scheduler, RNG, best metric, ...
+      metrics.jsonl       one JSON line per evaluation
+      test_metrics.json   one evaluation of the best model on the test split
+      .lock               held (flock) by the process writing the run; holds its pid for the message
+
+``RunFolder`` is the only writer of these files (rank 0 of a training owns one); the functions
+at the top read them for inference. Every write is atomic (``classify.engine.files``): a kill at
+any instant leaves the previous complete version, and an operating-system error while saving (a
+full disk) becomes one line that says nothing was lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from tokenizers import Tokenizer
+
+from ..errors import ClassifyError
+from ..text.tokenize import load_tokenizer
+from . import distributed
+from .files import (append_jsonl, load_model_weights, load_tensors, model_state, read_json, read_jsonl, save_tensors,
+                    write_json, write_text)
+
+FORMAT_VERSION = 1
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+WEIGHTS = "model.safetensors"
+LAST = "last"
+METRICS = "metrics.jsonl"
+TEST_METRICS = "test_metrics.json"
+LOCK = ".lock"
+
+
+# -------------------------------------------------------------------------- reading
+def read_config(run: str | Path, kind: str) -> dict[str, Any]:
+    """config.json of a run folder, checked for format version and kind."""
+    run = Path(run)
+    if not run.is_dir():
+        raise ClassifyError(f"run folder not found: {run}")
+    config = read_json(run / CONFIG, "config.json")
+    if not isinstance(config, dict) or "format_version" not in config:
+        raise ClassifyError(f"{run / CONFIG} is not a classify run config (no format_version)")
+    if config["format_version"] != FORMAT_VERSION:
+        raise ClassifyError(f"{run / CONFIG} has format_version {config['format_version']!r}; "
+                            f"this version of classify reads {FORMAT_VERSION}")
+    if config.get("kind") != kind:
+        raise ClassifyError(f"{run} holds a {config.get('kind')!r} run, not a {kind!r} run")
+    return config
+
+
+def read_model_config(run: str | Path, kind: str, config_class):
+    """``(config.json as a dict, its model section as ``config_class``)``, validated; a malformed
+    model section is a ClassifyError naming the file."""
+    config = read_config(run, kind)
+    try:
+        model_config = config_class.from_dict(config["model"])
+        model_config.validate()
+    except (KeyError, TypeError, ValueError) as err:
+        raise ClassifyError(f"{Path(run) / CONFIG} has an invalid model section: {err}") from None
+    return config, model_config
+
+
+# -------------------------------------------------------------------------- writing
+class RunFolder:
+    """The run folder of one training, written by one process at a time.
+
+    ``open`` takes the folder's lock (``fcntl.flock`` on ``.lock``: the operating system
+    releases it when the process ends, however it ends, so a killed run never blocks the
+    next) and decides between a fresh run and a resume; the other methods write its files.
+    Under torchrun every rank calls ``open``, ``tokenizer`` and ``record`` (rank 0 does the
+    work, the others get its answer); the loop calls the rest on rank 0 alone. Use it as a
+    context manager, or call ``release``.
+    """
+
+    def __init__(self, path: str | Path, kind: str):
+        self.path = Path(path)
+        self.kind = kind
+        self._lock: int | None = None
+        self._made = False  # this process created the folder (removed again if it stays empty)
+
+    def __enter__(self) -> "RunFolder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    # ---- the one-writer lock
+    def acquire(self) -> None:
+        """Become the folder's only writer, or raise a ClassifyError naming the process that is."""
+        self._made = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ClassifyError(f"{self.path} is being written by another run ({holder}); wait for it to "
+                                f"finish or choose another --output") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._lock = fd
+
+    def release(self) -> None:
+        if self._lock is None:
+            return
+        if not (self.path / CONFIG).exists():  # a run that recorded nothing leaves the folder as it found it
+            (self.path / LOCK).unlink(missing_ok=True)
+            if self._made and not any(self.path.iterdir()):
+                self.path.rmdir()
+        os.close(self._lock)  # closing the descriptor releases the flock
+        self._lock = None
+
+    # ---- starting
+    def open(self, config: Any, model: Any, overwrite: bool, resume: bool = False,
+             sized_by_tokenizer: tuple[str, ...] = ("vocab_size",)) -> bool:
+        """Take the lock, then decide between a fresh run and continuing the one here, for the run
+        settings ``config`` (a ``RunConfig``) and the model config ``model``. Returns True when resuming;
+        ``resume`` (``--resume``) makes a fresh start an error. Every rank calls it; rank 0 decides.
+
+        A folder holding another kind of run, or a run whose ``identity`` training fields or model
+        sizes differ, is refused unless ``overwrite`` (which empties it). Sizes set by the tokenizer
+        (``sized_by_tokenizer``) are known only after training it and are not compared.
+        """
+        def decide() -> bool:
+            self.acquire()
+            resuming = self._decide(asdict(config), type(config).IDENTITY, model.to_dict(), overwrite,
+                                    sized_by_tokenizer)
+            if resume and not resuming:
+                raise ClassifyError(f"--resume: {self.path} holds no run to continue (leave out --resume to "
+                                    f"start one)")
+            return resuming
+
+        return distributed.on_main(decide)
+
+    def _decide(self, train: dict[str, Any], identity: tuple[str, ...], model: dict[str, Any], overwrite: bool,
+                sized_by_tokenizer: tuple[str, ...]) -> bool:
+        others = [p for p in self.path.iterdir() if p.name != LOCK]
+        if not (self.path / CONFIG).exists():
+            if others and not overwrite:
+                raise ClassifyError(f"{self.path} exists and is not a classify run folder; choose another "
+                                    f"--output or pass --overwrite")
+            return False
+        if overwrite:
+            for p in others:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            return False
+        old = read_config(self.path, self.kind)
+        old_train, old_model = old.get("train", {}), old.get("model", {})
+        diffs = [k for k in identity if old_train.get(k) != train.get(k)]
+        diffs += [k for k in model if k not in sized_by_tokenizer and old_model.get(k) != model[k]]
+        if diffs:
+            raise ClassifyError(f"{self.path} holds a different run (differs in: {', '.join(diffs)}); "
+                                f"choose another --output or pass --overwrite")
+        return (self.path / LAST / "state.json").exists() or (self.path / WEIGHTS).exists()
+
+    def record(self, resuming: bool, tokenizer: Tokenizer, config: Any, model: Any, **extra: Any) -> None:
+        """Write tokenizer.json and config.json of a fresh run; on resume keep the model section and the
+        extras as they were and record the run settings ``config`` as the latest (budget, epochs, ... may
+        change). Every rank calls it; rank 0 writes."""
+        if distributed.is_main():
+            self._record(resuming, tokenizer, asdict(config), model.to_dict(), extra)
+
+    def _record(self, resuming: bool, tokenizer: Tokenizer, train: dict[str, Any], model: dict[str, Any],
+                extra: dict[str, Any]) -> None:
+        if resuming:
+            old = read_config(self.path, self.kind)
+            model, extra = old["model"], {k: v for k, v in old.items()
+                                          if k not in ("format_version", "kind", "model", "train")}
+        else:
+            with self._writing(TOKENIZER):
+                write_text(self.path / TOKENIZER, tokenizer.to_str())
+        with self._writing(CONFIG):
+            write_json(self.path / CONFIG, {"format_version": FORMAT_VERSION, "kind": self.kind, "model": model,
+                                            "train": train, **extra})
+
+    def tokenizer(self, resuming: bool, make: Callable[[], Tokenizer]) -> Tokenizer:
+        """The run's tokenizer.json when resuming, else ``make()``. Rank 0 makes it and sends it to the
+        others: identical everywhere, even where they cannot see the run folder."""
+        text = distributed.on_main(lambda: (load_tokenizer(self.path / TOKENIZER) if resuming else make()).to_str())
+        return Tokenizer.from_str(text)
+
+    # ---- during training
+    def save_best(self, model: torch.nn.Module) -> None:
+        with self._writing(WEIGHTS):
+            save_tensors(self.path / WEIGHTS, model_state(model))
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        with self._writing(METRICS):
+            append_jsonl(self.path / METRICS, record)
+
+    def metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / METRICS)
+
+    def save_last(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Everything needed to resume, committed by one atomic write of ``last/state.json``.
+
+        Weights and optimizer tensors go to files named after the step; state.json, written
+        last, names them. A kill before that rename leaves the previous state.json pointing
+        at the previous (still present) files; older files are removed only afterwards.
+        """
+        last = self.path / LAST
+        tag = f"{int(state['step']):09d}"
+        weights, optim = f"model-{tag}.safetensors", f"optimizer-{tag}.safetensors"
+        with self._writing(f"{LAST}/"):
+            save_tensors(last / weights, model_state(model))
+            optim_meta = _save_optimizer(last / optim, optimizer)
+            write_json(last / "state.json", {**state, "weights_file": weights, "optimizer_file": optim,
+                                             "optimizer": optim_meta, "rng": _rng_state()})
+        for old in last.glob("*.safetensors"):
+            if old.name not in (weights, optim):
+                old.unlink(missing_ok=True)
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """Load ``last/`` into model, optimizer and the RNG; returns the saved state, or None if there is none.
+
+        Evaluations logged after the saved step will be redone, so metrics.jsonl loses them here:
+        a kill between a validation and the next save never leaves a row twice.
+        """
+        last = self.path / LAST
+        if not (last / "state.json").exists():
+            return None
+        state = read_json(last / "state.json", "resume state")
+        load_model_weights(model, last / state["weights_file"])
+        _load_optimizer(last / state["optimizer_file"], optimizer, state["optimizer"])
+        _set_rng_state(state["rng"])
+        kept = [r for r in self.metrics() if r["step"] <= state["step"]]
+        with self._writing(METRICS):
+            write_text(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
+        return state
+
+    def write_test_metrics(self, metrics: dict[str, Any]) -> None:
+        with self._writing(TEST_METRICS):
+            write_json(self.path / TEST_METRICS, metrics)
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """An operating-system error while writing (a full disk, a lost permission) is the user's to
+        fix: one line that says what failed, and that the last complete save is still there."""
+        try:
+            yield
+        except (OSError, SafetensorError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            state = self.path / LAST / "state.json"
+            kept = (f"last/ still holds step {json.loads(state.read_text())['step']}" if state.exists()
+                    else "no earlier state was saved")
+            raise ClassifyError(f"could not write {what} in {self.path}: {reason}. The files written before are "
+                                f"intact ({kept}); free space and re-run the same command to resume") from None
+
+
+def _save_optimizer(path: str | Path, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Tensors of the optimizer state go to safetensors; the rest is returned for JSON."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, pstate in state["state"].items():
+        for key, value in pstate.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{pid}.{key}"] = value
+            else:
+                scalars.setdefault(str(pid), {})[key] = value
+    save_tensors(path, tensors)
+    return {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _load_optimizer(path: str | Path, optimizer: torch.optim.Optimizer, meta: dict[str, Any]) -> None:
+    tensors = load_tensors(path, "optimizer state")
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    for pid, scalars in meta["scalars"].items():
+        state.setdefault(int(pid), {}).update(scalars)
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+# ------------------------------------------------------------------------- RNG state
+def _rng_state() -> dict[str, Any]:
+    """Torch CPU (and CUDA) generator states as lists of ints (JSON-safe)."""
+    state = {"torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+

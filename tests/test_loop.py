@@ -1,0 +1,146 @@
+"""The one training loop (classify.engine.loop.fit) and the run folder it writes, through all three
+trainers: a kill and a resume end exactly where an uninterrupted run ends; one writer per folder; a
+full disk is one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import classify.engine.files as files
+import classify.engine.loop as loop
+from classify.engine.files import load_tensors, read_json
+from classify.engine.runfolder import LAST, LOCK, METRICS, WEIGHTS, RunFolder
+from classify.errors import run_cli
+from classify.pretrain import main as pretrain_main
+from classify.seq2seq.cli import main as seq2seq_main
+from classify.train import main as train_main
+from conftest import TINY_MODEL_ARGS
+from test_pretrain import TINY_PRETRAIN_ARGS
+from test_seq2seq import TINY as TINY_SEQ2SEQ_ARGS
+from test_seq2seq import write_corpus
+
+# Validation every 8 steps, last/ every 5: a kill in step 13 loses steps 11-13 and the row of step 8
+# stays; the resumed run must redo exactly those steps.
+LOOP_ARGS = ["--max-steps", "24", "--epochs", "5", "--eval-every", "8", "--save-every", "5"]
+TIMES = ("elapsed_s", "tokens_per_s", "validation_s")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_threads():
+    """--threads 1 sets a process-wide torch setting: give the other test modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("toy"), {"train": 200, "val": 20})
+
+
+def command(kind: str, parquet_data: Path, corpus: Path, out: Path) -> tuple:
+    """(main, argv) of a small run of trainer ``kind`` into ``out``."""
+    if kind == "classifier":  # one thread, as the other two: tiny models crawl on two busy ones
+        return train_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_MODEL_ARGS,
+                            "--threads", "1"]
+    if kind == "pretrain":
+        return pretrain_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_PRETRAIN_ARGS]
+    return seq2seq_main, ["train", "--data", str(corpus), "--output", str(out), *LOOP_ARGS, *TINY_SEQ2SEQ_ARGS]
+
+
+def rows(run: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock readings."""
+    return [{k: v for k, v in r.items() if k not in TIMES} for r in files.read_jsonl(run / METRICS)]
+
+
+def last_state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    state = read_json(run / LAST / "state.json", "state")
+    return state, load_tensors(run / LAST / state["weights_file"])
+
+
+@pytest.mark.parametrize("kind", ["classifier", "pretrain", "seq2seq"])
+def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, corpus, tmp_path, monkeypatch):
+    main, straight = command(kind, parquet_data, corpus, tmp_path / "straight")
+    assert main(straight) == 0
+    main, killed = command(kind, parquet_data, corpus, tmp_path / "killed")
+
+    real_step, calls = loop.optimizer_step, {"n": 0}
+
+    def crash_in_13(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 13:
+            raise RuntimeError("simulated kill")  # files are left as a SIGKILL would leave them
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "optimizer_step", crash_in_13)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        main(killed)
+    assert last_state(tmp_path / "killed")[0]["step"] == 10
+    monkeypatch.setattr(loop, "optimizer_step", real_step)
+    assert main(killed) == 0
+
+    (a_state, a), (b_state, b) = last_state(tmp_path / "straight"), last_state(tmp_path / "killed")
+    assert a_state["step"] == b_state["step"] == 24 and a_state["tokens"] == b_state["tokens"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    best_a, best_b = load_tensors(tmp_path / "straight" / WEIGHTS), load_tensors(tmp_path / "killed" / WEIGHTS)
+    assert all(torch.equal(best_a[k], best_b[k]) for k in best_a)
+    assert rows(tmp_path / "killed") == rows(tmp_path / "straight")  # no row lost, doubled or changed
+    assert [r["step"] for r in rows(tmp_path / "killed")] == ([0] if kind == "pretrain" else []) + [8, 16, 24]
+
+
+def test_a_second_writer_is_refused_with_the_first_ones_pid(parquet_data, tmp_path, capsys):
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    with RunFolder(tmp_path / "run", "classifier") as first:
+        first.acquire()  # what a training running in another terminal holds
+        assert run_cli(main, argv) == 2
+    err = capsys.readouterr().err
+    assert f"is being written by another run (pid {os.getpid()} on" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_lock_left_by_a_killed_run_does_not_block(parquet_data, tmp_path):
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK).write_text("pid 999999 on elsewhere\n")  # its process is gone, so is its flock
+    assert main([*argv, "--max-steps", "2"]) == 0
+
+
+def test_a_failed_start_leaves_no_folder_behind(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli(train_main, ["--data", str(tmp_path / "missing"), "--output", str(out), *TINY_MODEL_ARGS]) == 2
+    assert not out.exists()
+
+
+def test_resume_flag_refuses_to_start_afresh(parquet_data, tmp_path, capsys):
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    assert run_cli(main, [*argv, "--resume"]) == 2
+    assert "holds no run to continue" in capsys.readouterr().err
+    assert main([*argv, "--max-steps", "6"]) == 0
+    assert main([*argv, "--resume"]) == 0  # now there is one to continue
+
+
+def test_full_disk_while_saving_is_one_line_and_keeps_last(parquet_data, tmp_path, capsys, monkeypatch):
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    real_save, calls = files.save_file, {"n": 0}
+
+    def disk_fills_up(tensors, filename):
+        calls["n"] += 1
+        if calls["n"] > 4:  # best weights at step 8, last/ (weights + optimizer) at 5; then the disk is full
+            with open(filename, "wb") as f:
+                f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(tensors, filename)
+
+    monkeypatch.setattr(files, "save_file", disk_fills_up)
+    assert run_cli(main, argv) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "last/ still holds step 5" in err and len(err.splitlines()) == 1
+    assert "Traceback" not in err
+    monkeypatch.setattr(files, "save_file", real_save)  # space freed: the same command resumes from step 5
+    assert main(argv) == 0
+    assert last_state(tmp_path / "run")[0]["step"] == 24
