@@ -1,7 +1,9 @@
 """Running a trained classifier: load a run folder, turn texts into probabilities.
 
-Shared by ``train`` (validation/test), ``predict`` and ``evaluate`` so that all three
-normalise, tokenize, truncate, batch and run the model the same way.
+Shared by ``train`` (validation/test), ``predict``, ``evaluate`` and ``serve`` so that all of them
+normalise, tokenize, truncate, batch and run the model the same way. ``classify_texts`` is the
+whole path for raw review texts (``predict`` and ``serve``): clip, normalise, tokenize, predict,
+and say what was truncated.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from .data import normalize
 from .device import autocast, to_device
 from .errors import ClassifyError
 from .models import Classifier, ClassifierConfig
-from .tokenize import encode, load_tokenizer
+from .tokenize import encode, load_tokenizer, truncate
 
 KIND = "classifier"
+CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
 
 
 @dataclass
@@ -84,3 +87,50 @@ def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, d
 
 def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:
     return encode(run.tokenizer, [normalize(t) for t in texts], run.max_len, run.truncation)
+
+
+# ------------------------------------------------------------ raw texts (predict, serve)
+def clip(text: str, run: LoadedRun) -> tuple[str, str | None]:
+    """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
+    keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
+    than a long one. Reviews shorter than that are untouched."""
+    budget = CHARS_PER_TOKEN * run.max_len
+    if len(text) <= budget:
+        return text, None
+    # ``truncate`` slices any sequence: here characters, with the run's head/tail strategy.
+    note = (f"truncated: {len(text):,} characters, of which the model read {run.max_len} tokens "
+            f"({run.truncation})")
+    return truncate(text, budget, run.truncation), note  # type: ignore[arg-type]
+
+
+@dataclass
+class TextResult:
+    """One raw text through the model."""
+
+    text: str                          # the text as tokenized (after ``clip``)
+    normalized: str                    # ... and normalised (what the tokenizer saw)
+    probabilities: np.ndarray | None   # None when nothing is left once HTML markup is removed
+    notes: list[str]                   # what was truncated, for people
+
+
+def classify_texts(run: LoadedRun, texts: list[str], device: torch.device, dtype: torch.dtype | None,
+                   batch_size: int = 64, progress=None) -> list[TextResult]:
+    """Raw review texts -> ``TextResult`` in input order: clipped, normalised, tokenized and
+    predicted in length-bucketed batches of ``batch_size`` (``progress`` as in ``predict_ids``)."""
+    results = []
+    for text in texts:
+        text, note = clip(text, run)
+        results.append(TextResult(text, normalize(text), None, [note] if note else []))
+    todo = [r for r in results if r.normalized]
+    if not todo:
+        return results
+    ids = encode(run.tokenizer, [r.normalized for r in todo], run.max_len, run.truncation)
+    for result, tokens, row in zip(todo, ids, predict_ids(run.model, ids, device, dtype, batch_size, progress)):
+        result.probabilities = row
+        if len(tokens) == run.max_len and not result.notes:
+            # It filled the model and was not clipped: count its tokens to say whether anything was cut.
+            total = len(run.tokenizer.encode(result.normalized, add_special_tokens=False).ids)
+            if total > run.max_len:
+                result.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
+                                    f"({run.truncation})")
+    return results
