@@ -1,0 +1,71 @@
+"""python -m classify.serve: the classifier behind an HTTP API and a web page.
+
+    python -m classify.serve --model runs/imdb-default
+    curl -s localhost:8000/v1/predict -H 'Content-Type: application/json' -d '{"texts": ["A wonderful film."]}'
+
+The run is loaded before the server starts, so a run folder that cannot be loaded is one line on
+stderr and exit status 2, as with the other commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from ..cli import HelpFormatter, add_runtime_args
+from ..errors import ClassifyError, run_cli
+from ..predict import RUNS_DIR, open_run
+from .limits import Limits
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m classify.serve",
+        description="Serve a trained classifier over HTTP: POST /v1/predict and /v1/explain, GET /v1/model, "
+                    "/healthz, /readyz, the OpenAPI page at /docs and a web page at /. Concurrent requests are "
+                    "answered together in length-bucketed batches by one worker thread.",
+        formatter_class=HelpFormatter,
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help=f"run folder (default: the newest classifier run under {RUNS_DIR}/)")
+    add_runtime_args(g)
+    g = p.add_argument_group("HTTP")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on")
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                   help="uvicorn's log level")
+    g.add_argument("--access-log", action="store_true", help="log every request (costs time under load)")
+    g = p.add_argument_group("batching and limits")
+    defaults = Limits()
+    g.add_argument("--max-batch", type=int, default=defaults.max_batch,
+                   help="most texts in one forward pass; 1 = no batching (one request at a time)")
+    g.add_argument("--max-delay-ms", type=float, default=defaults.max_delay_ms,
+                   help="how long the first request of a batch waits for others to join it")
+    g.add_argument("--max-body-mb", type=float, default=defaults.max_body_mb,
+                   help="largest request body in MiB (larger: 413)")
+    g.add_argument("--max-texts", type=int, default=defaults.max_texts, help="most texts in one request")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    limits = Limits(args.max_batch, args.max_delay_ms, args.max_body_mb, args.max_texts)
+    if not 0 <= args.port <= 65535:
+        raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
+    try:
+        import uvicorn
+
+        from .app import create_app
+        from .service import ModelService
+    except ImportError as err:
+        raise ClassifyError(f"serving needs the serve extra ({err}): pip install -e '.[serve]'") from None
+    run, device, dtype = open_run(args.model, args, Console(stderr=True))
+    app = create_app(ModelService(run, device, dtype, batch_size=limits.max_batch), limits)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="classify.serve"))
