@@ -299,3 +299,21 @@ def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
     finally:
         batcher.stop()
     assert calls == ["classify-batcher"] and batcher.stats.batches == 1 and not batcher.alive
+
+
+# ------------------------------------------------------------------------ the command
+@pytest.mark.parametrize("args, message", [
+    (["--model", "{missing}", "--port", "0"], "run folder not found"),
+    (["--model", "{run}", "--max-batch", "0"], "--max-batch must be positive"),
+    (["--model", "{run}", "--max-delay-ms", "-1"], "--max-delay-ms must be at least 0"),
+    (["--model", "{run}", "--port", "70000"], "--port must be between 0 and 65535"),
+    (["--model", "{run}", "--host", "203.0.113.9"], "cannot listen on 203.0.113.9 port 8000"),
+])
+def test_serve_command_errors_are_one_line_and_exit_2(args, message, trained_run, tmp_path, capsys):
+    from classify.errors import run_cli
+    from classify.serve.__main__ import main
+
+    argv = [a.format(missing=tmp_path / "nothing", run=trained_run) for a in args]
+    assert run_cli(main, argv, prog="classify.serve") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("classify.serve: error:") and message in err and err.count("\n") == 1

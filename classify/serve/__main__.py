@@ -10,6 +10,7 @@ stderr and exit status 2, as with the other commands.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from rich.console import Console
@@ -61,9 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         from .service import ModelService
     except ImportError as err:
         raise ClassifyError(f"serving needs the serve extra ({err}): pip install -e '.[serve]'") from None
-    run, device, dtype = open_run(args.model, args, Console(stderr=True))
-    app = create_app(ModelService(run, device, dtype, batch_size=limits.max_batch), limits)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    # Bind first, and here rather than in uvicorn: a busy port is a one-line error (exit 2) before the
+    # model is loaded, and the address printed is the real one even for --port 0, whatever the log level.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    try:
+        sock = socket.create_server((args.host, args.port), family=family, backlog=2048)
+    except OSError as err:
+        raise ClassifyError(f"cannot listen on {args.host} port {args.port}: {err.strerror or err}") from None
+    with sock:
+        console = Console(stderr=True)
+        run, device, dtype = open_run(args.model, args, console)
+        app = create_app(ModelService(run, device, dtype, batch_size=limits.max_batch), limits)
+        host, port = sock.getsockname()[:2]
+        console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
+                      f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log)).run(sockets=[sock])
     return 0
 
 
