@@ -127,6 +127,7 @@ BAD_REQUESTS = {
     "unknown field": (dict(json={"txt": "a"}), 422, "unknown field 'txt'"),
     "empty text": (dict(json={"text": ""}), 422, "the text is empty"),
     "only markup": (dict(json={"texts": ["good", "<br /><br />"]}), 422, "texts[1] is empty"),
+    "two empty": (dict(json={"texts": ["", "good", " "]}), 422, "texts[0], texts[2] are empty"),
     "too many texts": (dict(json={"texts": ["good"] * 257}), 422, "at most 256"),
 }
 
@@ -140,9 +141,14 @@ def test_bad_input_is_a_json_error_for_a_person_and_the_next_request_is_answered
     assert client.post("/v1/predict", json={"text": "good"}).status_code == 200
 
 
-def test_bad_explain_steps_are_refused(client):
-    r = client.post("/v1/explain", json={"text": "good", "steps": 0})
-    assert r.status_code == 422 and "steps: Input should be greater than or equal to 1" in r.json()["error"]
+@pytest.mark.parametrize("request_, message", [
+    ({"text": "good", "steps": 0}, "steps: Input should be greater than or equal to 1"),
+    ({"text": "good", "steps": 129}, "steps: Input should be less than or equal to 128"),
+    ({"texts": ["good"] * 9}, "at most 8 (its --max-explain-texts)"),
+])
+def test_explain_refuses_work_that_would_hold_the_worker_too_long(client, request_, message):
+    r = client.post("/v1/explain", json=request_)
+    assert r.status_code == 422 and message in r.json()["error"]
 
 
 @pytest.mark.parametrize("method, path, status, message", [

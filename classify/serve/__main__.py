@@ -47,12 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-body-mb", type=float, default=defaults.max_body_mb,
                    help="largest request body in MiB (larger: 413)")
     g.add_argument("--max-texts", type=int, default=defaults.max_texts, help="most texts in one request")
+    g.add_argument("--max-explain-texts", type=int, default=defaults.max_explain_texts,
+                   help="most texts in one /v1/explain request (an explanation costs about as much as "
+                        "predicting 'steps' texts, and holds the worker meanwhile)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    limits = Limits(args.max_batch, args.max_delay_ms, args.max_body_mb, args.max_texts)
+    limits = Limits(args.max_batch, args.max_delay_ms, args.max_body_mb, args.max_texts, args.max_explain_texts)
     if not 0 <= args.port <= 65535:
         raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
     try:

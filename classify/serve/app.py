@@ -37,10 +37,10 @@ def _prediction(result: TextResult, labels: list[str]) -> dict:
             "notes": result.notes}
 
 
-def _check_count(texts: list[str], limits: Limits) -> None:
-    if len(texts) > limits.max_texts:
-        raise UserError(f"{len(texts)} texts in one request, but this server takes at most {limits.max_texts} "
-                        f"(its --max-texts); send them over several requests")
+def _check_count(texts: list[str], most: int, flag: str) -> None:
+    if len(texts) > most:
+        raise UserError(f"{len(texts)} texts in one request, but this server takes at most {most} "
+                        f"(its {flag}); send them over several requests")
 
 
 def _check_read(results: list[TextResult]) -> None:
@@ -51,7 +51,7 @@ def _check_read(results: list[TextResult]) -> None:
     if len(results) == 1:
         raise UserError("the text is empty (nothing is left once HTML markup and spaces are removed): "
                         "write a review to classify")
-    raise UserError(f"texts[{']['.join(map(str, empty))}] "
+    raise UserError(f"{', '.join(f'texts[{i}]' for i in empty)} "
                     f"{'is' if len(empty) == 1 else 'are'} empty once HTML markup and spaces are removed; "
                     f"give a review in each")
 
@@ -88,7 +88,7 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
     async def predict(request: PredictRequest) -> PredictResponse:
         """Label, score and class probabilities of each text, in input order."""
         texts = request.all_texts
-        _check_count(texts, limits)
+        _check_count(texts, limits.max_texts, "--max-texts")
         results = await batcher.predict(texts)
         _check_read(results)
         return PredictResponse(model=service.id, predictions=[Prediction(**_prediction(r, labels)) for r in results])
@@ -97,7 +97,7 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
     async def explain(request: ExplainRequest) -> ExplainResponse:
         """As /v1/predict, plus each word's attribution to the predicted label (integrated gradients)."""
         texts = request.all_texts
-        _check_count(texts, limits)
+        _check_count(texts, limits.max_explain_texts, "--max-explain-texts")
         explained = await batcher.call(lambda: service.explain(texts, request.steps))
         _check_read([e.result for e in explained])
         predictions = []

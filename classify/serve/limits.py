@@ -16,6 +16,7 @@ class Limits:
     max_delay_ms: float = 5.0     # how long the first request of a batch waits for others to join it
     max_body_mb: float = 10.0     # request body limit (a 5 MB review still fits; it is truncated)
     max_texts: int = 256          # texts per request
+    max_explain_texts: int = 8    # texts per /v1/explain request (each costs a batch of --steps passes)
 
     def __post_init__(self) -> None:
         for f in fields(self):

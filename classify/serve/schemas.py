@@ -39,7 +39,7 @@ class ExplainRequest(PredictRequest):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"text": EXAMPLE_TEXTS[0]}]})
 
-    steps: int = Field(32, ge=1, le=256, description="integrated-gradients steps; 1 = plain gradient x input")
+    steps: int = Field(32, ge=1, le=128, description="integrated-gradients steps; 1 = plain gradient x input")
 
 
 class Prediction(BaseModel):
