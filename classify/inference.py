@@ -62,16 +62,17 @@ def load_run(path: str | Path, device: torch.device) -> LoadedRun:
 
 @torch.inference_mode()
 def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                batch_size: int = 64, progress=None) -> np.ndarray:
+                batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
     """Token id lists -> class probabilities (N, C) in input order, batched by length.
 
-    ``progress``: optional callable(n_done) for a progress bar.
+    ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
+    tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
     """
     model.eval()
     pad_id = model.config.pad_id
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if x else [pad_id] for x in ids]
-    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, shuffle=False)
+    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     probs = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     done = 0
     for indices in sampler:
@@ -114,9 +115,9 @@ class TextResult:
 
 
 def classify_texts(run: LoadedRun, texts: list[str], device: torch.device, dtype: torch.dtype | None,
-                   batch_size: int = 64, progress=None) -> list[TextResult]:
+                   batch_size: int = 64, progress=None, max_tokens: int | None = None) -> list[TextResult]:
     """Raw review texts -> ``TextResult`` in input order: clipped, normalised, tokenized and
-    predicted in length-bucketed batches of ``batch_size`` (``progress`` as in ``predict_ids``)."""
+    predicted in length-bucketed batches (``batch_size``, ``progress``, ``max_tokens`` as in ``predict_ids``)."""
     results = []
     for text in texts:
         text, note = clip(text, run)
@@ -125,7 +126,8 @@ def classify_texts(run: LoadedRun, texts: list[str], device: torch.device, dtype
     if not todo:
         return results
     ids = encode(run.tokenizer, [r.normalized for r in todo], run.max_len, run.truncation)
-    for result, tokens, row in zip(todo, ids, predict_ids(run.model, ids, device, dtype, batch_size, progress)):
+    probabilities = predict_ids(run.model, ids, device, dtype, batch_size, progress, max_tokens)
+    for result, tokens, row in zip(todo, ids, probabilities):
         result.probabilities = row
         if len(tokens) == run.max_len and not result.notes:
             # It filled the model and was not clipped: count its tokens to say whether anything was cut.

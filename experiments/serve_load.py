@@ -1,10 +1,10 @@
 """Load test of ``python -m classify.serve``: requests/s and latency with micro-batching on and off.
 
-    python -m experiments.serve_load --model runs/imdb-default --threads 2 \\
+    python -m experiments.serve_load --model runs/imdb-default --threads 1 2 \\
         --requests 400 --clients 1 8 32 128 --output experiments/results/serve_load
 
-For each mode (batching on: the server's default --max-batch; off: --max-batch 1, one request at a
-time) a real server is started on a free port of 127.0.0.1; then, for each number of concurrent
+For each server --threads and each mode (batching on: the server's defaults; off: --max-batch 1,
+one request at a time) a real server is started on a free port of 127.0.0.1; then, for each number of concurrent
 clients, that many async httpx clients send single real IMDB test reviews (a seeded sample) until
 ``--requests`` have been answered. Reported per level: requests/s, p50/p99 latency, failures (any
 non-200 answer or transport error) and the server's mean batch size. Every loop is bounded; the
@@ -32,7 +32,7 @@ import numpy as np
 from classify.cli import HelpFormatter
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imdb" / "test.parquet"
-MODES = {"batching on": [], "batching off": ["--max-batch", "1"]}
+MODES = {"on": [], "off": ["--max-batch", "1"]}
 STARTUP_SECONDS = 120
 
 
@@ -114,7 +114,7 @@ def run_mode(args: argparse.Namespace, flags: list[str], reviews: list[str],
     """Every level against one server started with ``flags``; also what the server says of its model."""
     import httpx
 
-    server_flags = [*flags, "--threads", str(args.threads), "--log-level", "warning"]
+    server_flags = [*flags, "--log-level", "warning"]
     with serve_process(args.model, *server_flags) as url:
         asyncio.run(load_level(url, warmup, 4))
         levels = []
@@ -128,17 +128,20 @@ def markdown(result: dict) -> str:
     lines = [f"# Serving load test ({result['date']})", "",
              f"Command: `{result['command']}`", "",
              f"Model: {result['model']['id']} ({result['model']['parameters']:,} parameters, "
-             f"max_len {result['model']['sizes']['max_len']}); server --threads {result['threads']}; "
+             f"max_len {result['model']['sizes']['max_len']}); "
              f"{result['requests']} single real IMDB test reviews per level; CPU bf16: {result['cpu_bf16']}; "
              f"load average before/after: {result['load_before']} / {result['load_after']}.", "",
-             "| mode | clients | requests/s | p50 ms | p99 ms | failures | mean batch |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for mode, levels in result["modes"].items():
-        lines += [f"| {mode} | {lv['clients']} | {lv['requests_per_s']} | {lv['p50_ms']} | {lv['p99_ms']} | "
-                  f"{lv['failures']} | {lv['mean_batch']} |" for lv in levels]
-    lines += ["", "Speed-up of batching (requests/s, on / off): " + ", ".join(
-        f"{on['clients']} clients {on['requests_per_s'] / off['requests_per_s']:.1f}x"
-        for on, off in zip(result["modes"]["batching on"], result["modes"]["batching off"]))]
+             "| server --threads | batching | clients | requests/s | p50 ms | p99 ms | failures | mean batch |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for threads, modes in result["runs"].items():
+        for mode, levels in modes.items():
+            lines += [f"| {threads} | {mode} | {lv['clients']} | {lv['requests_per_s']} | {lv['p50_ms']} | "
+                      f"{lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} |" for lv in levels]
+    lines.append("")
+    for threads, modes in result["runs"].items():
+        lines.append(f"Speed-up of batching at --threads {threads} (requests/s, on / off): " + ", ".join(
+            f"{on['clients']} clients {on['requests_per_s'] / off['requests_per_s']:.2f}x"
+            for on, off in zip(modes["on"], modes["off"])) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -156,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="parquet file with a 'text' column")
     p.add_argument("--requests", type=int, default=400, help="requests per level (each a distinct review)")
     p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32, 128], help="concurrency levels")
-    p.add_argument("--threads", type=int, default=2, help="the server's --threads")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="the server's --threads, each in turn")
     p.add_argument("--seed", type=int, default=0, help="which reviews are sampled")
     p.add_argument("--output", type=Path, help="write OUTPUT.json and OUTPUT.md")
     return p
@@ -167,14 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     sample = sample_reviews(args.data, args.requests + 20, args.seed)
     reviews, warmup = sample[:args.requests], sample[args.requests:]
     load_before = [round(x, 2) for x in os.getloadavg()]
-    modes, model = {}, {}
-    for mode, flags in MODES.items():
-        modes[mode], model = run_mode(args, flags, reviews, warmup)
+    runs: dict[str, dict[str, list[dict]]] = {}
+    model: dict = {}
+    for threads in args.threads:
+        runs[str(threads)] = {}
+        for mode, flags in MODES.items():
+            print(f"--threads {threads}, batching {mode}", flush=True)
+            runs[str(threads)][mode], model = run_mode(args, [*flags, "--threads", str(threads)], reviews, warmup)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python -m experiments.serve_load " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "model": {k: model[k] for k in ("id", "parameters", "sizes")}, "threads": args.threads,
+              "model": {k: model[k] for k in ("id", "parameters", "sizes")}, "server_limits": model["runtime"]["limits"],
               "requests": args.requests, "cpu_bf16": cpu_has_bf16(), "cpu_count": os.cpu_count(),
-              "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()], "modes": modes}
+              "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()], "runs": runs}
     print(markdown(result))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

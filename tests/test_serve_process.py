@@ -50,12 +50,12 @@ def test_load_generator_records_both_modes_without_failures(trained_run, parquet
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--requests", "24",
                       "--clients", "1", "8", "--threads", "1", "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result["modes"]) == {"batching on", "batching off"}
-    for levels in result["modes"].values():
+    assert set(result["runs"]) == {"1"} and set(result["runs"]["1"]) == {"on", "off"}
+    for levels in result["runs"]["1"].values():
         assert [lv["clients"] for lv in levels] == [1, 8]
         assert all(lv["requests"] == 24 and lv["failures"] == 0 and lv["requests_per_s"] > 0 for lv in levels)
-    assert all(lv["mean_batch"] == 1 for lv in result["modes"]["batching off"])
-    assert "| batching on | 8 |" in out.with_suffix(".md").read_text()
+    assert all(lv["mean_batch"] == 1 for lv in result["runs"]["1"]["off"])
+    assert "| 1 | on | 8 |" in out.with_suffix(".md").read_text()
 
 
 # --------------------------------------------------------------------- real browser

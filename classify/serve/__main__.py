@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("batching and limits")
     defaults = Limits()
     g.add_argument("--max-batch", type=int, default=defaults.max_batch,
-                   help="most texts in one forward pass; 1 = no batching (one request at a time)")
+                   help="most texts answered together; 1 = no batching (one request at a time)")
+    g.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens,
+                   help="padded tokens per forward pass: a batch runs as length buckets of at most this many "
+                        "(on a CPU, padding a short review to a long one costs more than batching saves)")
     g.add_argument("--max-delay-ms", type=float, default=defaults.max_delay_ms,
                    help="how long the first request of a batch waits for others to join it")
     g.add_argument("--max-body-mb", type=float, default=defaults.max_body_mb,
@@ -55,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    limits = Limits(args.max_batch, args.max_delay_ms, args.max_body_mb, args.max_texts, args.max_explain_texts)
+    limits = Limits(args.max_batch, args.max_batch_tokens, args.max_delay_ms, args.max_body_mb, args.max_texts,
+                    args.max_explain_texts)
     if not 0 <= args.port <= 65535:
         raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
     try:
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     with sock:
         console = Console(stderr=True)
         run, device, dtype = open_run(args.model, args, console)
-        app = create_app(ModelService(run, device, dtype, batch_size=limits.max_batch), limits)
+        app = create_app(ModelService(run, device, dtype, limits.max_batch, limits.max_batch_tokens), limits)
         host, port = sock.getsockname()[:2]
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)

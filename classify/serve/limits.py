@@ -12,7 +12,8 @@ from ..errors import ClassifyError
 
 @dataclass(frozen=True)
 class Limits:
-    max_batch: int = 64           # texts per forward pass; 1 = no batching (one request at a time)
+    max_batch: int = 64           # texts the worker gathers into one batch; 1 = no batching (one request at a time)
+    max_batch_tokens: int = 2048  # padded tokens per forward pass: a batch is cut into length buckets of this size
     max_delay_ms: float = 5.0     # how long the first request of a batch waits for others to join it
     max_body_mb: float = 10.0     # request body limit (a 5 MB review still fits; it is truncated)
     max_texts: int = 256          # texts per request

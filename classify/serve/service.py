@@ -34,12 +34,14 @@ def model_id(run: LoadedRun) -> str:
 
 
 class ModelService:
-    def __init__(self, run: LoadedRun, device: torch.device, dtype: torch.dtype | None, batch_size: int):
-        self.run, self.device, self.dtype, self.batch_size = run, device, dtype, batch_size
+    def __init__(self, run: LoadedRun, device: torch.device, dtype: torch.dtype | None, batch_size: int,
+                 max_tokens: int | None = None):
+        self.run, self.device, self.dtype = run, device, dtype
+        self.batch_size, self.max_tokens = batch_size, max_tokens
         self.id = model_id(run)
 
     def predict(self, texts: list[str]) -> list[TextResult]:
-        return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size)
+        return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
 
     def explain(self, texts: list[str], steps: int) -> list[Explained]:
         """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``)."""
