@@ -204,13 +204,30 @@ def stratified_split(labels: list[int], val_size: int, seed: int) -> tuple[list[
     return sorted(train_idx.tolist()), sorted(val_idx.tolist())
 
 
-def training_split(source: str, val_size: int, seed: int, limit: int | None = None) -> tuple[Examples, Examples]:
+SPLITS_BY = ("grouped", "random")
+
+
+def training_split(source: str, val_size: int, seed: int, limit: int | None = None,
+                   split: str = "grouped") -> tuple[Examples, Examples]:
     """The (train, validation) examples of a run: ``source``'s train split, cut to a seeded sample of
-    ``limit`` reviews if given, then split stratified. ``classify.train`` trains on exactly this, and
-    ``classify.evaluate --baseline`` rebuilds it from a run's config.json."""
+    ``limit`` reviews if given, then split. ``classify.train`` trains on exactly this, and
+    ``classify.evaluate --baseline`` rebuilds it from a run's config.json.
+
+    ``split="grouped"`` keeps reviews of one movie on one side (``classify.review_groups``), so that
+    validation accuracy predicts test accuracy; ``"random"`` is the stratified random split of runs
+    made before grouping existed (it shares movies with training and flatters the model).
+    """
+    from .review_groups import grouped_split, review_groups
+
+    if split not in SPLITS_BY:
+        raise ClassifyError(f"split must be one of {', '.join(SPLITS_BY)}, got {split!r}")
     full = load_split(source, "train")
     if limit and limit < len(full):
         # A seeded sample, not the file's first rows: IMDB files are sorted by label.
         full = full.subset(sorted(np.random.default_rng(seed).permutation(len(full))[:limit]))
-    train_idx, val_idx = stratified_split(full.labels, val_size, seed)
+    if split == "random":
+        train_idx, val_idx = stratified_split(full.labels, val_size, seed)
+    else:
+        groups, _ = review_groups(full.texts, full.labels)
+        train_idx, val_idx = grouped_split(full.labels, groups, val_size, seed)
     return full.subset(train_idx), full.subset(val_idx)

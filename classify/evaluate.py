@@ -172,7 +172,9 @@ def run_training_split(config: dict[str, Any], source: str | None) -> tuple[Exam
         raise ClassifyError(f"--baseline: the run's config.json has no train.{missing[0]}, so its training "
                             f"split cannot be rebuilt")
     try:
-        return training_split(source or train["data"], train["val_size"], train["seed"], train.get("limit"))
+        # Runs from before grouped validation existed record no split: theirs was random.
+        return training_split(source or train["data"], train["val_size"], train["seed"], train.get("limit"),
+                              train.get("split", "random"))
     except ClassifyError as err:
         raise ClassifyError(f"--baseline needs the run's training data: {err} (pass --train-data if it moved)") from None
 

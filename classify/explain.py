@@ -11,6 +11,9 @@ midpoint rule alpha_k = (k - 1/2) / steps: its attributions add up to ``f_c(x) -
 within a few percent at 32 steps, where the right-endpoint rule is still ~40% off. All steps
 run as one batch, in fp32.
 
+With the n-gram branch (``classify.ngrams``), each token also gets its exact share of the branch's
+logits: every n-gram's weight split evenly over its words.
+
 Tokens are summed into whitespace-separated words of the normalised review (what the
 tokenizer saw). Long reviews are explained only where the model read them: with head+tail
 truncation the middle is shown as a gap.
@@ -71,7 +74,16 @@ def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, 
             (grads,) = torch.autograd.grad(log_odds.sum(), captured["scaled"])
     finally:
         hook.remove()
-    return (captured["x"][0] * grads.mean(dim=0)).sum(dim=-1).cpu().numpy()
+    scores = (captured["x"][0] * grads.mean(dim=0)).sum(dim=-1).cpu().numpy()
+    if model.ngram is not None:
+        # The n-gram branch does not read the embeddings: add its exact per-token shares, weighted by the
+        # log-odds' slope in each logit at the review (e_target - softmax(others); exact for two classes).
+        with torch.no_grad():
+            full = model(tokens[:1]).float()[0]
+            slope = -torch.cat([full[:target], full[target + 1:]]).softmax(dim=0)
+            direction = torch.cat([slope[:target], torch.ones(1, device=slope.device), slope[target:]])
+        scores = scores + float(model.mix[1]) * model.ngram.token_contributions(ids, direction)
+    return scores
 
 
 def explain(run: LoadedRun, text: str, target: int, steps: int, device: torch.device) -> Explanation:

@@ -61,9 +61,10 @@ def load_run(path: str | Path, device: torch.device) -> LoadedRun:
 
 
 @torch.inference_mode()
-def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
-    """Token id lists -> class probabilities (N, C) in input order, batched by length.
+def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+               batch_size: int = 64, progress=None, parts: bool = False, max_tokens: int | None = None) -> np.ndarray:
+    """Token id lists -> logits (N, C) in input order, batched by length; ``parts=True``: the
+    transformer's and the n-gram branch's logits apart, (2, N, C) (see ``Classifier.forward``).
 
     ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
     tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
@@ -73,17 +74,31 @@ def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, d
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if x else [pad_id] for x in ids]
     sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
-    probs = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
+    shape = (2, len(ids), model.config.num_classes) if parts else (len(ids), model.config.num_classes)
+    logits = np.zeros(shape, dtype=np.float32)
     done = 0
     for indices in sampler:
         tokens = pad_batch([ids[i] for i in indices], pad_id)
         with autocast(device, dtype):
-            logits = model(to_device(tokens, device))
-        probs[indices] = logits.float().softmax(dim=-1).cpu().numpy()
+            out = model(to_device(tokens, device), parts=True) if parts else model(to_device(tokens, device))
+        logits[..., indices, :] = out.float().cpu().numpy()
         done += len(indices)
         if progress is not None:
             progress(done)
-    return probs
+    return logits
+
+
+def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+                batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
+    """Token id lists -> class probabilities (N, C) in input order (``logits_ids``, then softmax)."""
+    return softmax(logits_ids(model, ids, device, dtype, batch_size, progress, max_tokens=max_tokens))
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in float64 for the exponent."""
+    z = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:

@@ -1,6 +1,7 @@
 """The two models built on ``classify.core``.
 
 ``Classifier``  tokens (B, T) -> Embedding -> Encoder -> masked pooling -> Linear -> logits (B, C)
+                [+ a hashed n-gram bag over the same tokens, mixed in with two fitted weights]
 ``Transformer`` src (B, S), tgt (B, T) -> Encoder(src) = memory -> Decoder(tgt, memory) -> logits (B, T, V)
 
 Both are constructible from keyword arguments or from a config dataclass that
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_masks, padding_mask
+from .ngrams import NgramBag
 
 __all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
 
@@ -78,11 +80,16 @@ class ClassifierConfig(_Config):
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
     attention_dropout: float | None = None  # on the attention weights; None = dropout
+    ngram_orders: int = 0          # n-gram branch over orders 1..N (classify.ngrams); 0 = no branch
+    ngram_buckets: int = 4_194_301  # hash slots of the branch (a prime: spreads the n-gram codes evenly)
 
     def validate(self) -> None:
         super().validate()
         if self.pooling not in ("mean", "max", "first"):
             raise ValueError(f"pooling must be 'mean', 'max' or 'first', got {self.pooling!r}")
+        if self.ngram_orders < 0 or self.ngram_buckets < 1:
+            raise ValueError(f"ngram_orders must be >= 0 and ngram_buckets >= 1, got {self.ngram_orders} "
+                             f"and {self.ngram_buckets}")
 
 
 class Classifier(nn.Module):
@@ -90,6 +97,10 @@ class Classifier(nn.Module):
 
     ``Classifier(vocab_size=..., num_classes=2, d_model=..., num_heads=..., num_layers=...,
     d_ff=..., max_len=..., dropout=..., pad_id=0)`` or ``Classifier(config)``.
+
+    With ``ngram_orders > 0`` the logits are ``mix[0] * transformer + mix[1] * ngram``: ``mix``
+    starts at (1, 0), so training sees the transformer alone, and ``classify.ngrams`` /
+    ``classify.train`` fit the branch and the two weights (see ``mix_weights``).
     """
 
     def __init__(self, config: ClassifierConfig | None = None, **kwargs: Any):
@@ -100,10 +111,25 @@ class Classifier(nn.Module):
                                c.attention_dropout)
         self.head = nn.Linear(c.d_model, c.num_classes)
         _init_weights(self)
+        # After the Xavier initialisation: the bag starts at zero and is fitted, not trained.
+        self.ngram = (NgramBag(c.vocab_size, c.num_classes, c.ngram_orders, c.ngram_buckets, c.pad_id)
+                      if c.ngram_orders else None)
+        if self.ngram is not None:
+            self.ngram.requires_grad_(False)
+        self.register_buffer("mix", torch.tensor([1.0, 0.0]) if self.ngram is not None else None)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes)."""
-        return self.head(self.pool(self.encode(tokens), tokens))
+    def forward(self, tokens: Tensor, parts: bool = False) -> Tensor:
+        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes).
+
+        ``parts=True`` (n-gram branch only): the two unmixed logits, transformer and n-gram, as (2, B, C).
+        """
+        logits = self.head(self.pool(self.encode(tokens), tokens))
+        if self.ngram is None:
+            return logits
+        ngram = self.ngram(tokens).to(logits.dtype)
+        if parts:
+            return torch.stack([logits, ngram])
+        return self.mix[0] * logits + self.mix[1] * ngram
 
     def encode(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> contextual token vectors (B, T, D)."""

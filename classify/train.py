@@ -32,12 +32,13 @@ from . import checkpoint, distributed
 from .batching import BucketBatchSampler, TokenizedDataset, make_loader
 from .cli import (HelpFormatter, ReviewRunConfig, add_model_args, add_optimisation_args, add_runtime_args,
                   add_tokenizer_args, check_run_args, runtime)
-from .data import LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
+from .data import SPLITS_BY, LABEL_NAMES, default_source, load_split, normalize, provides_split, training_split
 from .device import autocast, grad_scaler, pin_memory, to_device
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
-from .inference import KIND, predict_ids
+from .inference import KIND, logits_ids, predict_ids, softmax
 from .models import Classifier, ClassifierConfig
+from .ngrams import fit_mix, fit_ngram_bag
 from .tokenize import encode, load_tokenizer, save_tokenizer, train_tokenizer
 from .training import (Deadline, StopSignal, TrainingProgress, budgeted_lr_multiplier, build_optimizer,
                        optimizer_step, record_evaluation, set_lr, set_seed)
@@ -60,8 +61,11 @@ class TrainConfig(ReviewRunConfig):
     batching: str = "bucket"
     init_from: str | None = None
     layer_decay: float | None = None
+    split: str = "grouped"
+    ngram_c: float = 1.0
 
-    IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay")
+    IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
+                                           "split", "ngram_c")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--limit", type=int, help="use only N training reviews, a seeded random sample (quick runs)")
     g.add_argument("--val-size", type=int, default=TrainConfig.default("val_size"),
                    help="validation reviews carved from train (stratified)")
+    g.add_argument("--split", choices=SPLITS_BY, default=TrainConfig.default("split"),
+                   help="grouped: reviews of one movie never on both sides of the validation split (an honest "
+                        "estimate of test accuracy); random: the old random split, which shares movies")
     add_tokenizer_args(g, TrainConfig, "the training split")
     g = p.add_argument_group("model")
     add_model_args(g, d_model=128, layers=2, heads=4, d_ff=512, positional="learned")
@@ -90,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pooling", choices=("mean", "max", "first"), default="mean", help="how token vectors become one")
     g.add_argument("--no-padding-mask", action="store_true",
                    help="let attention and pooling see padding (reproduces Bloem's code; for ablations)")
+    g.add_argument("--ngram-orders", type=int, default=3,
+                   help="n-gram branch over word 1..N-grams, fitted as naive-Bayes-weighted logistic regression "
+                        "before training and mixed with the transformer on validation; 0 = the pure transformer")
+    g.add_argument("--ngram-buckets", type=int, default=ClassifierConfig.__dataclass_fields__["ngram_buckets"].default,
+                   help="hash slots of the n-gram branch")
+    g.add_argument("--ngram-c", type=float, default=TrainConfig.default("ngram_c"),
+                   help="inverse L2 strength of the n-gram branch's logistic regression")
     g = p.add_argument_group("optimisation")
     add_optimisation_args(g, TrainConfig, lr="peak learning rate (AdamW); with --init-from the default is 3e-4")
     g.add_argument("--batch-size", type=int, default=TrainConfig.default("batch_size"),
@@ -135,12 +149,15 @@ def configs_from_args(args: argparse.Namespace, vocab_size: int | None = None) -
         vocab_size=vocab_size or args.vocab_size, num_classes=2, d_model=args.d_model, num_heads=args.heads,
         num_layers=args.layers, d_ff=args.d_ff, max_len=args.max_len, dropout=args.dropout,
         pooling=args.pooling, positional=args.positional, norm_first=not args.post_ln,
-        mask_padding=not args.no_padding_mask, attention_dropout=args.attention_dropout)
+        mask_padding=not args.no_padding_mask, attention_dropout=args.attention_dropout,
+        ngram_orders=args.ngram_orders, ngram_buckets=args.ngram_buckets)
     return model, TrainConfig.from_args(args)
 
 
 def check_args(args: argparse.Namespace) -> None:
     check_run_args(args, {"--batch-size": args.batch_size, "--grad-accum": args.grad_accum})
+    if args.ngram_orders < 0 or args.ngram_buckets < 1 or args.ngram_c <= 0:
+        raise ClassifyError("--ngram-orders must be >= 0, --ngram-buckets >= 1 and --ngram-c > 0")
     if args.layer_decay is not None and not 0.0 < args.layer_decay <= 1.0:
         raise ClassifyError(f"--layer-decay must be in (0, 1], got {args.layer_decay}")
     if args.limit is not None and args.limit <= args.val_size:
@@ -193,13 +210,46 @@ def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], dev
     """
     if shard:
         ids, labels = distributed.shard(ids), distributed.shard(labels)
-    y = np.asarray(labels, dtype=np.int64)
     probs = (predict_ids(model, ids, device, dtype, batch_size=batch_size * 2) if ids
              else np.zeros((0, model.config.num_classes)))
-    sums = [float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, None)).sum()),
-            float((probs.argmax(1) == y).sum()), len(y)]
+    sums = metric_sums(probs, labels)
     loss, correct, count = distributed.all_sum(sums) if shard else sums
     return {"loss": loss / count, "accuracy": correct / count}
+
+
+def metric_sums(probs: np.ndarray, labels: list[int]) -> list[float]:
+    """probs (N, C) -> [summed cross-entropy, correct predictions, N]."""
+    y = np.asarray(labels, dtype=np.int64)
+    return [float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, None)).sum()),
+            float((probs.argmax(1) == y).sum()), len(y)]
+
+
+def accuracy(logits: np.ndarray, labels: list[int]) -> float:
+    return float((logits.argmax(-1) == np.asarray(labels)).mean())
+
+
+def fit_branch_mix(out: Path, model: Classifier, val_ids: list[list[int]], val_labels: list[int], device, dtype,
+                   batch_size: int, console: Console) -> dict | None:
+    """The last stage of an n-gram run: on the best weights, choose the transformer's and the n-gram branch's
+    weights in the mix on validation, and store them in ``model.safetensors``."""
+    if not (out / checkpoint.WEIGHTS).exists():
+        return None
+    checkpoint.load_model_weights(model, out / checkpoint.WEIGHTS)
+    record: dict[str, Any] = {}
+    if val_ids:
+        parts = logits_ids(model, val_ids, device, dtype, batch_size * 2, parts=True)
+        weights = fit_mix(parts, val_labels)
+        record["val_accuracy"] = {"transformer": accuracy(parts[0], val_labels),
+                                  "ngram": accuracy(parts[1], val_labels),
+                                  "mixed": accuracy(weights[0] * parts[0] + weights[1] * parts[1], val_labels)}
+    else:  # nothing to choose on: the two at equal weight
+        weights = (1.0, 1.0)
+    model.mix.copy_(torch.tensor(weights))
+    checkpoint.save_tensors(out / checkpoint.WEIGHTS, checkpoint.model_state(model))
+    record["mix"] = [round(w, 4) for w in weights]
+    console.log(f"mix of transformer and n-gram logits chosen on validation: {record['mix']}"
+                + (f", validation accuracy {record['val_accuracy']}" if val_ids else " (no validation: equal)"))
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +274,7 @@ def run(args: argparse.Namespace, device: torch.device, dtype: torch.dtype | Non
 
     # ---- data: load, split, tokenize once
     t0 = time.monotonic()
-    train_set, val_set = training_split(args.data, args.val_size, args.seed, args.limit)
+    train_set, val_set = training_split(args.data, args.val_size, args.seed, args.limit, args.split)
     if len(set(train_set.labels)) < 2:
         raise ClassifyError(f"the training data from {args.data} has only one class ({train_set.labels[0]})")
     train_texts = [normalize(t) for t in train_set.texts]
@@ -258,6 +308,14 @@ def run(args: argparse.Namespace, device: torch.device, dtype: torch.dtype | Non
     model = Classifier(model_config).to(device)
     if args.init_from:  # on resume, last/ (loaded below) then replaces these weights
         load_pretrained_encoder(model, args.init_from)
+    if model.ngram is not None and not resuming:
+        # Rank 0 fits the branch; DDP gives every rank its weights when it wraps the model below.
+        def fit_branch() -> float:
+            t = time.monotonic()
+            fit_ngram_bag(model.ngram, train_ids, train_set.labels, args.ngram_c)
+            return time.monotonic() - t
+        console.log(f"n-gram branch (orders 1-{model_config.ngram_orders}, {model_config.ngram_buckets} slots) "
+                    f"fitted in {distributed.on_main(fit_branch):.0f}s")
     lr_scale = layer_lr_scale(model_config.num_layers, args.layer_decay) if args.layer_decay else None
     optimizer = build_optimizer(model, args.lr, args.weight_decay, lr_scale=lr_scale)
     scaler = grad_scaler(device, dtype)
@@ -407,13 +465,19 @@ def run(args: argparse.Namespace, device: torch.device, dtype: torch.dtype | Non
     if not distributed.is_main():
         return 0
 
-    # ---- one evaluation of the best weights on the test split (rank 0's model, no other rank involved)
-    test_metrics = None if args.no_test else evaluate_test(out, args, model, tokenizer, device, dtype, console)
+    # ---- the mix of the two branches, then one evaluation of the best weights on the test split (rank 0's
+    # model, no other rank involved)
+    mix = (fit_branch_mix(out, model, val_ids, val_set.labels, device, dtype, args.batch_size, console)
+           if model.ngram is not None else None)
+    test_metrics = None if args.no_test else evaluate_test(out, args, model, tokenizer, device, dtype, console, mix)
     print_summary(console, out, state, stop_reason, test_metrics, deadline.elapsed)
     return 0
 
 
-def evaluate_test(out: Path, args, model: Classifier, tokenizer, device, dtype, console) -> dict | None:
+def evaluate_test(out: Path, args, model: Classifier, tokenizer, device, dtype, console,
+                  mix: dict | None) -> dict | None:
+    """Test metrics of the best weights (``test_metrics.json``); with the n-gram branch, also each
+    branch's accuracy alone and the mix chosen on validation."""
     if not (out / checkpoint.WEIGHTS).exists():
         return None
     if not provides_split(args.data, "test"):
@@ -427,7 +491,14 @@ def evaluate_test(out: Path, args, model: Classifier, tokenizer, device, dtype, 
     checkpoint.load_model_weights(model, out / checkpoint.WEIGHTS)
     ids = encode(tokenizer, [normalize(t) for t in test.texts], args.max_len, args.truncation)
     t0 = time.monotonic()
-    metrics = evaluate_ids(model, ids, test.labels, device, dtype, args.batch_size)
+    logits = logits_ids(model, ids, device, dtype, args.batch_size * 2, parts=mix is not None)
+    if mix is not None:
+        components = {"transformer": accuracy(logits[0], test.labels), "ngram": accuracy(logits[1], test.labels)}
+        logits = float(model.mix[0]) * logits[0] + float(model.mix[1]) * logits[1]
+    loss, correct, count = metric_sums(softmax(logits), test.labels)
+    metrics: dict[str, Any] = {"loss": loss / count, "accuracy": correct / count}
+    if mix is not None:
+        metrics.update({"components": components, **mix})
     metrics.update({"split": "test", "examples": len(ids), "seconds": round(time.monotonic() - t0, 1)})
     checkpoint.write_json(out / checkpoint.TEST_METRICS, metrics)
     return metrics
@@ -441,6 +512,8 @@ def print_summary(console: Console, out: Path, state: dict, reason: str, test: d
     table.add_row("best validation accuracy", f"{state['best_val_acc']:.4f}")
     if test:
         table.add_row("test accuracy", f"{test['accuracy']:.4f}  ({test['examples']} reviews)")
+        if "components" in test:
+            table.add_row("  transformer / n-grams alone", "{transformer:.4f} / {ngram:.4f}".format(**test["components"]))
         table.add_row("test loss", f"{test['loss']:.4f}")
     table.add_row("run folder", str(out))
     console.print(table)

@@ -11,8 +11,10 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from classify.data import load_split, stratified_split, training_split
 from classify.errors import run_cli
-from classify.evaluate import bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main
+from classify.evaluate import (bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main,
+                               run_training_split)
 from classify.report import md
+from classify.review_groups import grouped_split, review_groups
 from conftest import synthetic_reviews, write_csv
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -89,11 +91,20 @@ def test_bootstrap_is_seeded_paired_and_centred():
 
 
 def test_baseline_uses_exactly_the_runs_training_split(trained_run, parquet_data):
-    config = json.loads((trained_run / "config.json").read_text())["train"]
-    train, val = training_split(config["data"], config["val_size"], config["seed"], config["limit"])
+    run_config = json.loads((trained_run / "config.json").read_text())
+    config = run_config["train"]
+    assert config["split"] == "grouped"
+    train, val = run_training_split(run_config, None)
     full = load_split(str(parquet_data), "train")
-    train_idx, val_idx = stratified_split(full.labels, config["val_size"], config["seed"])
-    assert train.texts == [full.texts[i] for i in train_idx] and len(val) == config["val_size"]
+    groups, _ = review_groups(full.texts, full.labels)
+    train_idx, val_idx = grouped_split(full.labels, groups, config["val_size"], config["seed"])
+    assert train.texts == [full.texts[i] for i in train_idx] and val.texts == [full.texts[i] for i in val_idx]
+    assert len(val) == config["val_size"]
+    # A run from before grouped validation recorded no split: it is rebuilt with the random split it used.
+    del run_config["train"]["split"]
+    old_train, _ = run_training_split(run_config, None)
+    train_idx, _ = stratified_split(full.labels, config["val_size"], config["seed"])
+    assert old_train.texts == [full.texts[i] for i in train_idx]
     # --limit: a seeded sample first, then the same split.
     small, small_val = training_split(str(parquet_data), 40, 3, limit=200)
     again, _ = training_split(str(parquet_data), 40, 3, limit=200)

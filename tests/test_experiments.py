@@ -28,9 +28,12 @@ def test_seeds_runs_each_seed_and_reports_the_spread_of_what_the_runs_wrote(parq
         config = json.loads((runs / f"seed{row['seed']}" / "config.json").read_text())
         assert config["train"]["seed"] == row["seed"] and config["train"]["time_budget"] == 5
         assert config["train"]["threads"] == 1  # the thread limit is recorded with the run
-        assert config["model"]["attention_dropout"] == 0.0  # the recipe reached classify.train
+        assert config["train"]["eval_every"] == 250  # the recipe reached classify.train
         test = json.loads((runs / f"seed{row['seed']}" / "test_metrics.json").read_text())
         assert row["test_accuracy"] == test["accuracy"] and row["steps"] == 4
+        # The default model has the n-gram branch: each branch alone and the mixed model's validation accuracy.
+        assert row["components_test"] == test["components"] and row["mix"] == test["mix"]
+        assert row["val_test_gap"] == test["val_accuracy"]["mixed"] - test["accuracy"]
     accuracies = [r["test_accuracy"] for r in rows]
     assert report["test_accuracy"]["mean"] == statistics.fmean(accuracies)
     assert report["test_accuracy"]["std"] == statistics.stdev(accuracies)

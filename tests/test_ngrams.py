@@ -1,0 +1,144 @@
+"""The n-gram branch: hashing, padding, gradients, fitting, mixing, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from classify import checkpoint
+from classify.batching import pad_batch
+from classify.models import Classifier, ClassifierConfig
+from classify.ngrams import NgramBag, feature_matrix, fit_mix, fit_ngram_bag, ngram_ids
+
+VOCAB, BUCKETS = 50, 1009
+
+
+def expected_slots(ids: list[int], orders: int = 3) -> set[int]:
+    """The slots of one unpadded review, computed one n-gram at a time (the definition)."""
+    base = VOCAB + 1
+    slots = set()
+    for n in range(1, orders + 1):
+        for i in range(len(ids) - n + 1):
+            code = sum((ids[i + k] + 1) * base ** k for k in range(n))
+            slots.add(code % BUCKETS)
+    return slots
+
+
+def test_slots_are_every_ngram_once_and_never_padding():
+    reviews = [[5, 6, 7, 5, 6], [9], [3, 3, 3, 3]]
+    slots = ngram_ids(pad_batch(reviews, 0), pad_id=0, vocab_size=VOCAB, orders=3, buckets=BUCKETS)
+    for row, review in zip(slots, reviews):
+        present = row[row != BUCKETS].tolist()
+        assert len(present) == len(set(present))            # each slot once (binary features)
+        assert set(present) == expected_slots(review)       # every 1-3-gram, none with padding
+    # Padding the same review further changes nothing.
+    longer = ngram_ids(pad_batch(reviews, 0, length=12), 0, VOCAB, 3, BUCKETS)
+    for a, b in zip(slots, longer):
+        assert set(a[a != BUCKETS].tolist()) == set(b[b != BUCKETS].tolist())
+
+
+@pytest.mark.slow
+def test_hashing_is_the_same_in_another_process():
+    tokens = torch.randint(1, VOCAB, (4, 30), generator=torch.Generator().manual_seed(0))
+    here = ngram_ids(tokens, 0, VOCAB, 3, BUCKETS).tolist()
+    code = ("import json, sys, torch; from classify.ngrams import ngram_ids; "
+            f"t = torch.tensor({tokens.tolist()}); print(json.dumps(ngram_ids(t, 0, {VOCAB}, 3, {BUCKETS}).tolist()))")
+    there = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert here == there
+
+
+def branch_model(seed: int = 0) -> Classifier:
+    torch.manual_seed(seed)
+    model = Classifier(vocab_size=VOCAB, num_classes=2, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64,
+                       dropout=0.0, ngram_orders=3, ngram_buckets=BUCKETS).eval()
+    with torch.no_grad():  # a non-trivial branch and mix, so that a wrong slot would show
+        model.ngram.weight.normal_()
+        model.ngram.weight[BUCKETS] = 0
+        model.ngram.scale[:BUCKETS].uniform_(0.5, 2.0)
+        model.mix.copy_(torch.tensor([0.7, 1.3]))
+    return model
+
+
+def test_logits_alone_equal_logits_in_a_padded_batch_with_the_branch_on():
+    model = branch_model()
+    reviews = [[4, 8, 15, 16, 23, 42], [7, 7], list(range(1, 30))]
+    batch = model(pad_batch(reviews, 0))
+    for i, review in enumerate(reviews):
+        alone = model(torch.tensor([review]))
+        torch.testing.assert_close(alone[0], batch[i], atol=1e-5, rtol=1e-5)
+    parts = model(pad_batch(reviews, 0), parts=True)
+    torch.testing.assert_close(0.7 * parts[0] + 1.3 * parts[1], batch)
+
+
+def test_branch_output_is_the_sum_of_its_slots_and_gradients_reach_exactly_those_slots():
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    with torch.no_grad():
+        bag.weight.normal_()
+        bag.scale.uniform_(0.5, 2.0)
+    review = [3, 1, 4, 1, 5]
+    out = bag(pad_batch([review, [2]], 0, length=8))
+    slots = sorted(expected_slots(review))
+    torch.testing.assert_close(out[0], (bag.weight[slots] * bag.scale[slots, None]).sum(0) + bag.bias)
+    out[0, 1].backward()
+    touched = bag.weight.grad[:, 1].nonzero().flatten().tolist()
+    assert touched == slots and bag.weight.grad[BUCKETS].abs().sum() == 0
+
+
+def test_fitted_branch_separates_the_classes_and_matches_its_feature_matrix():
+    rng = np.random.default_rng(0)
+    positive, negative = [10, 11, 12], [20, 21, 22]
+    ids, labels = [], []
+    for i in range(200):
+        label = i % 2
+        words = rng.integers(30, VOCAB, size=rng.integers(5, 20)).tolist()
+        words.insert(int(rng.integers(0, len(words))), int(rng.choice(positive if label else negative)))
+        ids.append(words)
+        labels.append(label)
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    fit_ngram_bag(bag, ids[:150], labels[:150], c=1.0)
+    held_out = bag(pad_batch(ids[150:], 0)).argmax(-1).numpy()
+    assert (held_out == np.asarray(labels[150:])).mean() > 0.95
+    features = feature_matrix(bag, ids[:3])
+    for row, review in zip(features, ids[:3]):
+        assert set(row.indices.tolist()) == expected_slots(review)
+
+
+def test_fit_mix_finds_the_weights_that_generated_the_labels():
+    rng = np.random.default_rng(1)
+    parts = rng.normal(size=(2, 4000, 2)).astype(np.float32)
+    mixed = 2.0 * parts[0] + 0.5 * parts[1]
+    p1 = 1 / (1 + np.exp(-(mixed[:, 1] - mixed[:, 0])))
+    labels = (rng.random(4000) < p1).astype(int).tolist()
+    a, b = fit_mix(parts, labels)
+    assert abs(a - 2.0) < 0.25 and abs(b - 0.5) < 0.15
+
+
+def test_branch_weights_round_trip_and_older_configs_load_without_a_branch(tmp_path):
+    model = branch_model()
+    checkpoint.save_tensors(tmp_path / "w.safetensors", checkpoint.model_state(model))
+    again = Classifier(ClassifierConfig.from_dict(model.config.to_dict())).eval()
+    checkpoint.load_model_weights(again, tmp_path / "w.safetensors")
+    tokens = pad_batch([[1, 2, 3, 4], [5, 6]], 0)
+    torch.testing.assert_close(again(tokens), model(tokens))
+    # A config.json written before the branch existed has no ngram fields: a pure transformer.
+    old = {k: v for k, v in model.config.to_dict().items() if not k.startswith("ngram")}
+    plain = Classifier(ClassifierConfig.from_dict(old))
+    assert plain.ngram is None and "mix" not in plain.state_dict()
+
+
+def test_token_contributions_add_up_to_the_branch_logit_difference():
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    with torch.no_grad():
+        bag.weight.normal_()
+        bag.scale.uniform_(0.5, 2.0)
+    review = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4, 1, 5]         # repeated n-grams count once
+    direction = torch.tensor([-1.0, 1.0])
+    shares = bag.token_contributions(review, direction)
+    assert shares.shape == (len(review),)
+    expected = float((bag(torch.tensor([review]))[0] - bag.bias) @ direction)
+    assert abs(shares.sum() - expected) < 1e-4
