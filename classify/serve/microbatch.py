@@ -1,12 +1,12 @@
 """Micro-batching: one worker thread owns the model and answers the requests that arrive together
-in one forward pass.
+in one predict call.
 
 The event loop only enqueues a job and awaits an asyncio future; the worker thread takes the
 first waiting request, then keeps taking requests until ``max_batch`` texts are gathered or
 ``max_delay`` seconds have passed since it took the first, runs them all through one predict
-call (length-bucketed by ``inference.classify_texts``) and hands each request its own slice of
-the results. Under load the queue is never empty, so batches fill without waiting; alone, a
-request waits at most ``max_delay``. ``max_batch=1`` turns batching off (one request at a time).
+call (length-bucketed forward passes, ``inference.classify_texts``) and hands each request its own
+slice of the results. Requests that arrive while a batch runs join the next one; none waits more
+than ``max_delay`` for company. ``max_batch=1`` turns batching off (one request at a time).
 
 Other model work (explanations, which hook the model's embeddings) runs on the same thread,
 alone, so nothing ever touches the model concurrently.
