@@ -120,8 +120,9 @@ def explain(run: LoadedRun, text: str, target: int, steps: int, device: torch.de
 
 
 # ------------------------------------------------------------------------ rendering
-def _pieces(explanation: Explanation):
-    """The text the model read as (text, score, weight) pieces, weight = score / largest |score|.
+def pieces(explanation: Explanation):
+    """The text the model read as (text, score, weight) pieces, weight = score / largest |score| (drawn by
+    ``to_rich``, ``to_html`` and the web page of ``classify.serve``).
     Text between words has score None; a piece ("", None, None) marks the truncated middle."""
     scale = max((abs(s) for _, _, s in explanation.words), default=0.0) or 1.0
     words = iter(explanation.words)
@@ -148,7 +149,7 @@ def _rgb(weight: float) -> tuple[int, int, int]:
 def to_rich(explanation: Explanation) -> Text:
     """The review as coloured terminal text (words with |weight| < 0.1 stay plain, for readability)."""
     out = Text()
-    for piece, _, weight in _pieces(explanation):
+    for piece, _, weight in pieces(explanation):
         if weight is None:
             out.append(piece if piece else " … [not read by the model] … ", style=None if piece else "dim italic")
         elif abs(weight) < 0.1:
@@ -163,7 +164,7 @@ def to_html(explanation: Explanation, heading: str) -> str:
     references, so the snippet is safe to embed and displays the same in any page encoding."""
     parts = [f'<div class="classify-explanation" style="margin:1em 0;line-height:1.7">\n'
              f'<div style="font-weight:bold">{html.escape(heading)}</div>\n<p>']
-    for piece, score, weight in _pieces(explanation):
+    for piece, score, weight in pieces(explanation):
         if weight is None:
             parts.append(html.escape(piece) if piece else '<span style="color:#888"> … [not read by the model] … </span>')
         else:

@@ -1,7 +1,9 @@
 """Running a trained classifier: find and load a run folder, turn texts into probabilities.
 
-Shared by ``train`` (validation/test), ``predict``, ``evaluate`` and the server so that all
-of them normalise, tokenize, truncate, batch and run the model the same way.
+Shared by ``train`` (validation/test), ``predict``, ``evaluate`` and ``serve`` so that all of them
+normalise, tokenize, truncate, batch and run the model the same way. ``classify_texts`` is the
+whole path for raw review texts (``predict`` and ``serve``): clip, normalise, tokenize, predict,
+and say what was truncated.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .text.tokenize import encode, load_tokenizer, truncate
 
 KIND = "classifier"
 RUNS_DIR = Path("runs")
+CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
 
 
 @dataclass
@@ -89,17 +92,18 @@ def open_run(model: str | None, device: torch.device, dtype: torch.dtype | None,
 
 @torch.inference_mode()
 def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-               batch_size: int = 64, progress=None, parts: bool = False) -> np.ndarray:
+               batch_size: int = 64, progress=None, parts: bool = False, max_tokens: int | None = None) -> np.ndarray:
     """Token id lists -> logits (N, C) in input order, batched by length; ``parts=True``: the
     transformer's and the n-gram branch's logits apart, (2, N, C) (see ``Classifier.forward``).
 
-    ``progress``: optional callable(n_done) for a progress bar.
+    ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
+    tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
     """
     model.eval()
     pad_id = model.config.pad_id
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if x else [pad_id] for x in ids]
-    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, shuffle=False)
+    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     shape = (2, len(ids), model.config.num_classes) if parts else (len(ids), model.config.num_classes)
     logits = np.zeros(shape, dtype=np.float32)
     done = 0
@@ -115,9 +119,9 @@ def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dt
 
 
 def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                batch_size: int = 64, progress=None) -> np.ndarray:
+                batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
     """Token id lists -> class probabilities (N, C) in input order (``logits_ids``, then softmax)."""
-    return softmax(logits_ids(model, ids, device, dtype, batch_size, progress))
+    return softmax(logits_ids(model, ids, device, dtype, batch_size, progress, max_tokens=max_tokens))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -142,3 +146,48 @@ def encode_normalized(run: LoadedRun, texts: list[str]) -> tuple[list[list[int]]
     tokenizer pass: the count tells whether truncation cut anything."""
     full = [e.ids for e in run.tokenizer.encode_batch(texts, add_special_tokens=False)]
     return [truncate(ids, run.max_len, run.truncation) for ids in full], [len(ids) for ids in full]
+
+
+# ------------------------------------------------------------ raw texts (predict, serve)
+def clip(text: str, run: LoadedRun) -> tuple[str, str | None]:
+    """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
+    keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
+    than a long one. Reviews shorter than that are untouched."""
+    budget = CHARS_PER_TOKEN * run.max_len
+    if len(text) <= budget:
+        return text, None
+    # ``truncate`` slices any sequence: here characters, with the run's head/tail strategy.
+    note = (f"truncated: {len(text):,} characters, of which the model read {run.max_len} tokens "
+            f"({run.truncation})")
+    return truncate(text, budget, run.truncation), note  # type: ignore[arg-type]
+
+
+@dataclass
+class TextResult:
+    """One raw text through the model."""
+
+    text: str                          # the text as tokenized (after ``clip``)
+    normalized: str                    # ... and normalised (what the tokenizer saw)
+    probabilities: np.ndarray | None   # None when nothing is left once HTML markup is removed
+    notes: list[str]                   # what was truncated, for people
+
+
+def classify_texts(run: LoadedRun, texts: list[str], device: torch.device, dtype: torch.dtype | None,
+                   batch_size: int = 64, progress=None, max_tokens: int | None = None) -> list[TextResult]:
+    """Raw review texts -> ``TextResult`` in input order: clipped, normalised, tokenized and
+    predicted in length-bucketed batches (``batch_size``, ``progress``, ``max_tokens`` as in ``predict_ids``)."""
+    results = []
+    for text in texts:
+        text, note = clip(text, run)
+        results.append(TextResult(text, normalize(text), None, [note] if note else []))
+    todo = [r for r in results if r.normalized]
+    if not todo:
+        return results
+    ids, totals = encode_normalized(run, [r.normalized for r in todo])  # each review tokenized once
+    probabilities = predict_ids(run.model, ids, device, dtype, batch_size, progress, max_tokens)
+    for result, total, row in zip(todo, totals, probabilities):
+        result.probabilities = row
+        if total > run.max_len and not result.notes:  # (a clipped review's note already says so)
+            result.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
+                                f"({run.truncation})")
+    return results

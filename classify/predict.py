@@ -6,7 +6,7 @@
     python -m classify.predict --explain --explain-html why.html "Great cast, awful script."
 
 Reviews are read lazily (``classify.text.inputs``) and classified in chunks, each batched and
-length-bucketed by ``inference.predict_ids``, so files of any size stream through in
+length-bucketed by ``inference.classify_texts``, so files of any size stream through in
 bounded memory; results come out in input order. A review that cannot be classified gets a
 per-item error and the others are still predicted.
 """
@@ -38,14 +38,11 @@ from .engine.progress import progress_bar
 from .engine.runfolder import WEIGHTS
 from .errors import ClassifyError, run_cli
 from .explain import Explanation, explain, to_html, to_rich
-from .inference import RUNS_DIR, LoadedRun, encode_normalized, open_run, predict_ids
-from .text.data import normalize
+from .inference import RUNS_DIR, LoadedRun, classify_texts, open_run
 from .text.inputs import FORMATS, Inputs, Review, open_inputs
-from .text.tokenize import truncate
 
 CHUNK_REVIEWS = 1024          # reviews classified together: enough for good length buckets
 CHUNK_CHARS = 16 * 2**20      # ... and a bound on the text held at once
-CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
 EXCERPT_CHARS = 70
 OUTPUT_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -59,8 +56,7 @@ class Prediction:
     probabilities: np.ndarray | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    text: str = ""                 # the review as read (after ``clip``)
-    normalized: str = ""           # ... and normalised, as tokenized
+    text: str = ""                 # the review as read (after ``inference.clip``)
     excerpt: str = ""
     explanation: Explanation | None = None
 
@@ -69,47 +65,20 @@ class Prediction:
         return labels[k], float(self.probabilities[k])
 
 
-def clip(text: str, run: LoadedRun) -> tuple[str, str | None]:
-    """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
-    keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
-    than a long one. Reviews shorter than that are untouched."""
-    budget = CHARS_PER_TOKEN * run.max_len
-    if len(text) <= budget:
-        return text, None
-    # ``truncate`` slices any sequence: here characters, with the run's head/tail strategy.
-    note = (f"truncated: {len(text):,} characters, of which the model read {run.max_len} tokens "
-            f"({run.truncation})")
-    return truncate(text, budget, run.truncation), note  # type: ignore[arg-type]
-
-
 def predict_chunk(run: LoadedRun, reviews: list[Review], device: torch.device, dtype: torch.dtype | None,
                   batch_size: int, progress: Callable[[int], None] | None = None) -> list[Prediction]:
     """Classify ``reviews`` (one chunk) in input order; unusable ones get their error."""
-    predictions = []
-    for review in reviews:
-        prediction = Prediction(review, error=review.error, notes=list(review.notes))
-        if review.text is not None:
-            text, note = clip(review.text, run)
-            normalized = normalize(text)
-            if note:
-                prediction.notes.append(note)
-            if not normalized:
-                prediction.error = "no text left once HTML markup is removed"
-            else:
-                prediction.text, prediction.normalized = text, normalized
-                prediction.excerpt = normalized if len(normalized) <= EXCERPT_CHARS else \
-                    normalized[: EXCERPT_CHARS - 1] + "…"
-        predictions.append(prediction)
-    todo = [p for p in predictions if p.error is None]
-    if not todo:
-        return predictions
-    ids, totals = encode_normalized(run, [p.normalized for p in todo])  # each review tokenized once
-    probabilities = predict_ids(run.model, ids, device, dtype, batch_size=batch_size, progress=progress)
-    for prediction, total, row in zip(todo, totals, probabilities):
-        prediction.probabilities = row
-        if total > run.max_len and len(prediction.text) <= CHARS_PER_TOKEN * run.max_len:  # (else ``clip`` said so)
-            prediction.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
-                                    f"({run.truncation})")
+    predictions = [Prediction(review, error=review.error, notes=list(review.notes)) for review in reviews]
+    readable = [p for p in predictions if p.review.text is not None]
+    results = classify_texts(run, [p.review.text for p in readable], device, dtype, batch_size, progress)
+    for prediction, result in zip(readable, results):
+        prediction.notes += result.notes
+        if result.probabilities is None:
+            prediction.error = "no text left once HTML markup is removed"
+            continue
+        prediction.probabilities, prediction.text = result.probabilities, result.text
+        prediction.excerpt = result.normalized if len(result.normalized) <= EXCERPT_CHARS else \
+            result.normalized[: EXCERPT_CHARS - 1] + "…"
     return predictions
 
 

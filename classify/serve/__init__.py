@@ -1,0 +1,13 @@
+"""``python -m classify.serve``: the classifier behind an HTTP API and a web page.
+
+    limits.py     the flags that batch and bound requests
+    microbatch.py the worker thread that owns the model and batches concurrent requests
+    service.py    the loaded run: predict, explain, describe (through ``classify.inference``)
+    schemas.py    request and response bodies (pydantic; the OpenAPI page at /docs)
+    errors.py     JSON errors for everything that goes wrong, and the request-body limit
+    app.py        the FastAPI application: routes and the worker's life cycle
+    page.html     the web page at / (self-contained: no CDN, works on a closed network)
+    __main__.py   the command: load the run, then uvicorn
+
+Needs the ``serve`` extra: ``pip install -e ".[serve]"``.
+"""

@@ -1,0 +1,155 @@
+"""Micro-batching: one worker thread owns the model and answers the requests that arrive together
+in one predict call.
+
+The event loop only enqueues a job and awaits an asyncio future; the worker thread takes the
+first waiting request, then keeps taking requests until ``max_batch`` texts are gathered or
+``max_delay`` seconds have passed since it took the first, runs them all through one predict
+call (length-bucketed forward passes, ``inference.classify_texts``) and hands each request its own
+slice of the results. Requests that arrive while a batch runs join the next one; none waits more
+than ``max_delay`` for company. ``max_batch=1`` turns batching off (one request at a time).
+
+Other model work (explanations, which hook the model's embeddings) runs on the same thread,
+alone, so nothing ever touches the model concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+@dataclass
+class _Job:
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    texts: Sequence[str] = ()                       # a prediction request, batched with others ...
+    call: Callable[[], Any] | None = None           # ... or work that runs alone
+
+
+_STOP = object()
+
+
+@dataclass
+class BatchStats:
+    """What the worker has done, for /v1/model and the tests."""
+
+    batches: int = 0
+    texts: int = 0
+    largest: int = 0
+    recent: list[int] = field(default_factory=list)   # sizes of the last ``RECENT`` batches
+
+    RECENT = 100
+
+    def add(self, size: int) -> None:
+        self.batches += 1
+        self.texts += size
+        self.largest = max(self.largest, size)
+        self.recent = (self.recent + [size])[-self.RECENT:]
+
+
+class MicroBatcher(Generic[R]):
+    """Runs ``predict(texts) -> one result per text`` on a worker thread, batching requests."""
+
+    def __init__(self, predict: Callable[[list[str]], list[R]], max_batch: int, max_delay: float):
+        self.predict_fn, self.max_batch, self.max_delay = predict, max_batch, max_delay
+        self.stats = BatchStats()
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="classify-batcher", daemon=True)
+
+    # ------------------------------------------------------------ event-loop side
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the batch in hand, then end the thread (requests still queued get no answer: stop only
+        once the server has stopped taking requests)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    async def predict(self, texts: Sequence[str]) -> list[R]:
+        """The results for ``texts``, in order, from a batch shared with whatever else is waiting."""
+        return await self._submit(texts=list(texts))
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the worker thread, alone (for model work that must not overlap a batch)."""
+        return await self._submit(call=fn)
+
+    def _submit(self, **job: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Job(future, loop, **job))
+        return future
+
+    # ----------------------------------------------------------------- worker side
+    def _work(self) -> None:
+        held = None   # a job taken while gathering that could not join the batch: it goes next
+        while True:
+            job = held if held is not None else self._queue.get()
+            held = None
+            if job is _STOP:
+                return
+            if job.call is not None:
+                self._settle([job], job.call)
+                continue
+            batch, size = [job], len(job.texts)
+            deadline = time.monotonic() + self.max_delay
+            while size < self.max_batch:
+                try:
+                    nxt = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if nxt is _STOP or nxt.call is not None or size + len(nxt.texts) > self.max_batch:
+                    held = nxt
+                    break
+                batch.append(nxt)
+                size += len(nxt.texts)
+            texts = [t for j in batch for t in j.texts]
+            self._settle(batch, lambda: self._predict(texts))
+
+    def _predict(self, texts: list[str]) -> list[R]:
+        results = self.predict_fn(texts)
+        self.stats.add(len(texts))
+        return results
+
+    @staticmethod
+    def _settle(jobs: list[_Job], work: Callable[[], Any]) -> None:
+        """Run ``work`` and resolve each job's future: its slice of a batch's results, a call's value,
+        or the exception (so one failing batch fails its requests, never the worker)."""
+        try:
+            result, error = work(), None
+        except Exception as err:  # noqa: BLE001 - handed to the requests, which answer 500
+            result, error = None, err
+        start = 0
+        for job in jobs:
+            if error is not None:
+                outcome = error
+            elif job.call is not None:
+                outcome = result
+            else:
+                outcome, start = result[start:start + len(job.texts)], start + len(job.texts)
+            try:
+                job.loop.call_soon_threadsafe(_resolve, job.future, outcome, error is not None)
+            except RuntimeError:
+                pass  # that request's event loop is closed: nobody is waiting any more
+
+
+def _resolve(future: asyncio.Future, outcome: Any, failed: bool) -> None:
+    if future.done():  # the request was cancelled (client gone) meanwhile
+        return
+    if failed:
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -1,0 +1,86 @@
+"""The model behind the server: a loaded run, the answers it gives, and what it says about itself.
+
+``predict`` and ``explain`` do model arithmetic and block: the app calls them only on the
+micro-batch worker thread. Both go through ``inference.classify_texts``, the path that
+``classify.predict`` takes, so the server adds nothing of its own to the model's arithmetic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..engine.files import read_json, read_jsonl
+from ..engine.runfolder import METRICS, TEST_METRICS, WEIGHTS
+from ..errors import ClassifyError
+from ..explain import Explanation, explain
+from ..inference import LoadedRun, TextResult, classify_texts
+
+
+@dataclass
+class Explained:
+    result: TextResult
+    explanation: Explanation | None    # None when the text had nothing to read
+
+
+def model_id(run: LoadedRun) -> str:
+    """Run folder name @ the first 12 hex digits of the weights' SHA-256: names the model that answers,
+    and changes when the weights do."""
+    digest = hashlib.sha256((run.path / WEIGHTS).read_bytes()).hexdigest()[:12]
+    return f"{run.path.name}@{digest}"
+
+
+class ModelService:
+    def __init__(self, run: LoadedRun, device: torch.device, dtype: torch.dtype | None, batch_size: int,
+                 max_tokens: int | None = None):
+        self.run, self.device, self.dtype = run, device, dtype
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.id = model_id(run)
+
+    def predict(self, texts: list[str]) -> list[TextResult]:
+        return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
+
+    def explain(self, texts: list[str], steps: int) -> list[Explained]:
+        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``)."""
+        return [Explained(r, None if r.probabilities is None else
+                          explain(self.run, r.text, int(np.argmax(r.probabilities)), steps, self.device))
+                for r in self.predict(texts)]
+
+    def describe(self) -> dict[str, Any]:
+        """The run's identity, sizes and recorded metrics (read from its folder now, so a corrupt
+        metrics file is reported here rather than refusing to serve a model that loads)."""
+        run = self.run
+        return {
+            "id": self.id,
+            "run": str(run.path.resolve()),
+            "labels": run.labels,
+            "parameters": sum(p.numel() for p in run.model.parameters()),
+            "sizes": run.config.get("model", {}),
+            "truncation": run.truncation,
+            "training": {"config": run.config.get("train", {}), **_validation_metrics(run)},
+            "test": _read_optional(run.path / TEST_METRICS, "test_metrics.json"),
+        }
+
+
+def _validation_metrics(run: LoadedRun) -> dict[str, Any]:
+    try:
+        records = [r for r in read_jsonl(run.path / METRICS) if "val_accuracy" in r]
+    except (OSError, ValueError) as err:
+        return {"note": f"{METRICS} is unreadable: {err}"}
+    if not records:
+        return {}
+    best = max(records, key=lambda r: r["val_accuracy"])
+    return {"last": records[-1], "best_val_accuracy": best["val_accuracy"], "best_step": best.get("step")}
+
+
+def _read_optional(path, what: str) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        return read_json(path, what)
+    except ClassifyError as err:
+        return {"note": str(err)}

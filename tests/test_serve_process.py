@@ -1,0 +1,112 @@
+"""classify.serve as a real process: HTTP over TCP under concurrency, the load generator, and the web page in
+a real browser (Debian's Chromium driven by Playwright)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the serve extra is not installed (pip install -e '.[serve]')")
+
+from conftest import synthetic_reviews  # noqa: E402
+from experiments.serve_load import main as load_main  # noqa: E402
+from experiments.serve_load import serve_process  # noqa: E402
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path(os.environ.get("CLASSIFY_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update"]
+
+
+@pytest.fixture(scope="module")
+def server(trained_run):
+    # A batching window long enough that concurrent test requests share batches.
+    with serve_process(trained_run, "--threads", "1", "--max-delay-ms", "20", "--log-level", "warning") as url:
+        yield url
+
+
+def test_real_server_answers_concurrent_clients_each_their_own(server):
+    texts = [text for text, _ in synthetic_reviews(32, seed=7)]
+    expected = [httpx.post(f"{server}/v1/predict", json={"text": t}).json()["predictions"][0] for t in texts]
+
+    async def send_all():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*(client.post(f"{server}/v1/predict", json={"text": t}) for t in texts))
+
+    answers = asyncio.run(send_all())
+    assert [a.status_code for a in answers] == [200] * len(texts)
+    for want, got in zip(expected, answers):
+        assert got.json()["predictions"][0]["probabilities"] == pytest.approx(want["probabilities"], abs=2e-6)
+    assert httpx.get(f"{server}/v1/model").json()["runtime"]["batches"]["largest"] > 1
+    assert httpx.get(f"{server}/readyz").json()["status"] == "ready"
+
+
+def test_load_generator_records_both_modes_without_failures(trained_run, parquet_data, tmp_path):
+    out = tmp_path / "serve_load"
+    assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--requests", "12",
+                      "--rounds", "2", "--clients", "1", "8", "--threads", "1", "--output", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert set(result["runs"]) == {"1"} and set(result["runs"]["1"]) == {"on", "off"}
+    for levels in result["runs"]["1"].values():
+        assert [lv["clients"] for lv in levels] == [1, 8]
+        assert all(lv["requests"] == 2 * max(12, 3 * lv["clients"]) and lv["failures"] == 0
+                   and lv["requests_per_s"] > 0 for lv in levels)
+    assert all(lv["mean_batch"] == 1 for lv in result["runs"]["1"]["off"])
+    assert "| 1 | on | 8 |" in out.with_suffix(".md").read_text()
+    reference = result["compute_reference"][0]
+    assert reference["threads"] == 1 and reference["one_at_a_time_ms"] > 0 and reference["batched_ms"] > 0
+
+
+# --------------------------------------------------------------------- real browser
+@pytest.fixture(scope="module")
+def page(server):
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: the real-browser test of the web page did not run "
+                    f"(apt-get install -y chromium, or set CLASSIFY_CHROMIUM to a Chromium binary)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(server + "/")
+            yield page
+        finally:
+            browser.close()
+
+
+def test_web_page_classifies_a_review_and_shades_its_words(page, tmp_path):
+    page.fill("#text", "A wonderful film, superb and moving. I loved the cast.")
+    page.click("#classify")
+    page.wait_for_selector("#result:not([hidden])", timeout=15_000)
+    assert page.inner_text("#label").startswith("pos (")
+    assert page.is_hidden("#error")
+    width = page.eval_on_selector("#bar", "bar => parseFloat(bar.style.width)")
+    assert 50 <= width <= 100
+    shaded = page.eval_on_selector_all("#review span.w", "spans => spans.map(s => [s.textContent, "
+                                                         "getComputedStyle(s).backgroundColor])")
+    assert [word for word, _ in shaded][:2] == ["A", "wonderful"]
+    assert any(color not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)") for _, color in shaded)
+    assert page.inner_text("#model").startswith("tiny@")
+    page.screenshot(path=str(tmp_path / "classified.png"), full_page=True)
+
+
+def test_web_page_ctrl_enter_and_examples_classify_too(page):
+    page.fill("#text", "Awful, boring and stupid: the worst film, a waste of time.")
+    page.press("#text", "Control+Enter")
+    page.wait_for_function("document.querySelector('#label').textContent.startsWith('neg')", timeout=15_000)
+    page.click("#examples button:has-text('Loved it')")
+    page.wait_for_function("document.querySelector('#text').value.startsWith('One of the best')", timeout=15_000)
+    page.wait_for_function("!document.querySelector('#classify').disabled", timeout=15_000)
+    assert page.is_visible("#result")
+
+
+def test_web_page_shows_an_empty_review_as_an_error_in_words(page):
+    page.fill("#text", "")
+    page.click("#classify")
+    page.wait_for_selector("#error:not([hidden])", timeout=15_000)
+    assert "the text is empty" in page.inner_text("#error")
+    assert page.is_hidden("#result")
