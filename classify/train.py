@@ -38,7 +38,8 @@ from .inference import KIND, encode_reviews, logits_ids, predict_ids, softmax
 from .models import Classifier, ClassifierConfig
 from .ngrams import fit_mix, fit_ngram_bag
 from .text.batching import Collate
-from .text.data import LABEL_NAMES, SPLITS_BY, default_source, load_split, normalize, provides_split, training_split
+from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
+                        provides_split, training_split)
 from .text.tokenize import load_tokenizer, train_tokenizer
 
 
@@ -231,7 +232,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if len(set(train_set.labels)) < 2:
         raise ClassifyError(f"the training data from {config.data} has only one class ({train_set.labels[0]})")
     if config.val_size is None:
-        config.val_size = len(val_set)
+        # The size asked for, not the size obtained (whole movie groups can fall a few short): config.json must
+        # rebuild this very split (on resume, and for evaluate --baseline).
+        config.val_size = default_val_size(len(train_set) + len(val_set))
         console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
                     f"most 2,500; --val-size sets another number)")
     resuming = run.open(config, model_config, args.overwrite, args.resume)

@@ -1,6 +1,6 @@
 """Does a validation split flatter? A memorisation probe for the random and the grouped split.
 
-    python -m experiments.validation_split --data ../shared/imdb --results experiments/results
+    python -m experiments.validation_split --data ../shared/imdb --record
 
 The probe is a logistic regression on rare words only (words in 2..50 training reviews: titles,
 characters, actors, plot nouns). Such words say little about sentiment in general, but a lot about
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
 import numpy as np
 
 from classify.text.data import load_split, stratified_split
 from classify.text.review_groups import grouped_split, review_groups
 
+from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
 
 
@@ -47,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="../shared/imdb", help="a source with train and test splits")
     p.add_argument("--val-size", type=int, default=2500)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", type=Path, default=Path("experiments/runs/validation_split"),
-                   help="where validation_split.json and .md go (experiments/results to record)")
+    add_results_args(p, "validation_split.json and .md")
     args = p.parse_args(argv)
 
     full, test = load_split(args.data, "train"), load_split(args.data, "test")
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
              "| split | validation reviews | probe val acc | probe test acc | gap (val - test) |", "|---|---|---|---|---|"]
     lines += [f"| {r['split']} | {r['val_size']} | {r['probe_val_accuracy']:.4f} | {r['probe_test_accuracy']:.4f} | "
               f"{100 * r['gap']:+.2f} pts |" for r in rows]
-    write_results(args.results, "validation_split", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
+    write_results(results_folder(args), "validation_split", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
 
 
