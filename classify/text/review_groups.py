@@ -9,7 +9,7 @@ November 2026). The data carries no movie ids, so groups are recovered from the 
 * ``ordered``: the original aclImdb files are numbered movie by movie (reviews of one movie have
   consecutive ids, at most 30 per movie), and both the parquet folder in ``../shared`` and the
   aclImdb loader keep that order. When neighbouring rows share rare words far more often than
-  random pairs of rows do (over 100 times as often here; about once as often in a shuffled file),
+  random pairs of rows do (``ORDER_EVIDENCE`` times as often at least; a shuffled file shows no excess),
   the order carries the movies, and groups are runs of about ``ORDERED_BLOCK`` consecutive rows of
   one label, cut between rows that share no rare word.
 * ``similar``: otherwise (a shuffled source, such as the Hugging Face hub's tar order, or a
