@@ -3,13 +3,14 @@
     python -m experiments.serve_load --model runs/imdb-default --threads 1 2 \\
         --requests 200 --rounds 3 --clients 1 8 32 128 --output experiments/results/serve_load
 
-For each server --threads, two real servers run at once on free ports of 127.0.0.1: batching on (the
-server's defaults) and off (--max-batch 1, one request at a time). For each number of concurrent
-clients, that many async httpx clients send single real IMDB test reviews (a seeded sample, the same
-for both) until ``--requests`` (at least 3 per client) are answered, in ``--rounds`` rounds that
-alternate between the two servers, so a shared machine's changing load falls on both alike. Reported
-per level: requests/s, p50/p99 latency, failures (any non-200 answer or transport error) and the mean
-number of texts per worker batch; and, as a reference, the model's arithmetic alone in milliseconds
+For each server --threads, three real servers run at once on free ports of 127.0.0.1: batching on (the
+server's defaults), on with --max-delay-ms 0 (no wait for company), and off (--max-batch 1, one request
+at a time). For each number of concurrent clients, that many async aiohttp clients send single real IMDB
+test reviews (a seeded sample, the same for all) until ``--requests`` (at least 3 per client) are
+answered, in ``--rounds`` rounds that alternate between the servers, so that a shared machine's
+changing load falls on all alike. Reported per level: requests/s, p50/p99 latency, failures (any non-200 answer or transport error) and the mean
+number of texts per worker batch, and the load generator's own CPU per request (it shares the
+machine with the servers); and, as a reference, the model's arithmetic alone in milliseconds
 per review, one at a time and batched. Every loop is bounded; the servers are stopped at the end.
 """
 
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -34,7 +36,9 @@ import numpy as np
 from classify.engine.config import HelpFormatter
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imdb" / "test.parquet"
-MODES = {"on": [], "off": ["--max-batch", "1"]}
+# Batching on (the server's defaults), on without the wait for company (a batch is whatever queued while the
+# previous one ran), and off (one request at a time).
+MODES = {"on": [], "on-nowait": ["--max-delay-ms", "0"], "off": ["--max-batch", "1"]}
 STARTUP_SECONDS = 120
 
 
@@ -78,32 +82,42 @@ def sample_reviews(path: Path, n: int, seed: int) -> list[str]:
 
 async def load_round(url: str, reviews: list[str], clients: int) -> dict:
     """``clients`` concurrent clients send one review per request until every review is answered:
-    the latencies (s), the failures, the wall time, and the texts and batches the server ran meanwhile."""
-    import httpx
+    the latencies (s), the failures, the wall time, the load generator's own CPU time, and the texts
+    and batches the server ran meanwhile.
+
+    The clients are aiohttp's: on two CPUs the load generator shares the machine with the server, and
+    httpx's async client spent about 20 ms of CPU per request at 128 clients (a whole core), so the
+    test measured the client rather than the server."""
+    import aiohttp
 
     queue = iter(reviews)   # shared: each client takes the next review (a bounded loop: len(reviews) requests)
     latencies: list[float] = []
     failures: list[str] = []
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(http: aiohttp.ClientSession) -> None:
         for text in queue:
             start = time.perf_counter()
             try:
-                r = await http.post(f"{url}/v1/predict", json={"text": text})
-                if r.status_code != 200:
-                    failures.append(f"{r.status_code}: {r.text[:200]}")
-            except httpx.HTTPError as err:
+                async with http.post(f"{url}/v1/predict", json={"text": text}) as r:
+                    body = await r.read()
+                    if r.status != 200:
+                        failures.append(f"{r.status}: {body[:200].decode(errors='replace')}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
                 failures.append(f"{type(err).__name__}: {err}")
             latencies.append(time.perf_counter() - start)
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as http:
-        before = (await http.get(f"{url}/v1/model")).json()["runtime"]["batches"]
-        start = time.perf_counter()
+    async def batches(http: aiohttp.ClientSession) -> dict:
+        async with http.get(f"{url}/v1/model") as r:
+            return (await r.json())["runtime"]["batches"]
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        before = await batches(http)
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
-        seconds = time.perf_counter() - start
-        after = (await http.get(f"{url}/v1/model")).json()["runtime"]["batches"]
-    return {"latencies": latencies, "failures": failures, "seconds": seconds,
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        after = await batches(http)
+    return {"latencies": latencies, "failures": failures, "seconds": seconds, "client_cpu": cpu,
             "texts": after["texts"] - before["texts"], "batches": after["batches"] - before["batches"]}
 
 
@@ -115,15 +129,14 @@ def summary(clients: int, rounds: list[dict]) -> dict:
             "failure_examples": failures[:3], "seconds": round(seconds, 2),
             "requests_per_s": round(len(ms) / seconds, 1),
             "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
+            "client_cpu_ms": round(sum(r["client_cpu"] for r in rounds) / len(ms) * 1000, 2),
             "mean_batch": round(sum(r["texts"] for r in rounds) / max(sum(r["batches"] for r in rounds), 1), 1)}
 
 
 def run_threads(args: argparse.Namespace, threads: int, reviews: list[str]) -> tuple[dict[str, list[dict]], dict]:
-    """Both servers (batching on and off) at once, and every level in ``args.rounds`` rounds that alternate
+    """Every mode's server at once, and every level in ``args.rounds`` rounds that alternate
     between them, so that a change in the machine's other load meanwhile falls on both alike (the idle
     server waits on a queue and costs nothing). Also what the server says of its model."""
-    import httpx
-
     with ExitStack() as stack:
         urls = {mode: stack.enter_context(serve_process(args.model, *flags, "--threads", str(threads),
                                                         "--log-level", "warning"))
@@ -141,7 +154,8 @@ def run_threads(args: argparse.Namespace, threads: int, reviews: list[str]) -> t
             for mode in MODES:
                 levels[mode].append(summary(clients, rounds[mode]))
                 print(f"--threads {threads}, batching {mode}: {json.dumps(levels[mode][-1])}", flush=True)
-        return levels, httpx.get(f"{urls['on']}/v1/model", timeout=60).json()
+        with urllib.request.urlopen(f"{urls['on']}/v1/model", timeout=60) as answer:
+            return levels, json.load(answer)
 
 
 def compute_reference(model: str, reviews: list[str], threads: int, limits: dict) -> dict:
@@ -176,20 +190,23 @@ def markdown(result: dict) -> str:
              f"Model: {result['model']['id']} ({result['model']['parameters']:,} parameters, "
              f"max_len {result['model']['sizes']['max_len']}); "
              f"at least {result['requests']} single real IMDB test reviews per level and round, "
-             f"{result['rounds']} rounds alternating batching on/off; server limits {result['server_limits']}; "
+             f"{result['rounds']} rounds alternating between the servers; server limits {result['server_limits']}; "
              f"{result['cpu_count']} CPUs, bf16: {result['cpu_bf16']}; "
              f"load average before/after: {result['load_before']} / {result['load_after']}.", "",
-             "| server --threads | batching | clients | requests/s | p50 ms | p99 ms | failures | mean batch |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| server --threads | batching | clients | requests/s | p50 ms | p99 ms | failures | mean batch "
+             "| client CPU ms/request |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for threads, modes in result["runs"].items():
         for mode, levels in modes.items():
             lines += [f"| {threads} | {mode} | {lv['clients']} | {lv['requests_per_s']} | {lv['p50_ms']} | "
-                      f"{lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} |" for lv in levels]
+                      f"{lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} | {lv['client_cpu_ms']} |"
+                      for lv in levels]
     lines.append("")
     for threads, modes in result["runs"].items():
-        lines.append(f"Speed-up of batching at --threads {threads} (requests/s, on / off): " + ", ".join(
-            f"{on['clients']} clients {on['requests_per_s'] / off['requests_per_s']:.2f}x"
-            for on, off in zip(modes["on"], modes["off"])) + ".")
+        for mode in (m for m in modes if m != "off"):
+            lines.append(f"Speed-up of batching {mode} at --threads {threads} (requests/s, {mode} / off): " + ", ".join(
+                f"{on['clients']} clients {on['requests_per_s'] / off['requests_per_s']:.2f}x"
+                for on, off in zip(modes[mode], modes["off"])) + ".")
     lines += ["", "The model's arithmetic alone (no HTTP), ms per review, best of 3: "
               + "; ".join(f"--threads {r['threads']}: {r['one_at_a_time_ms']} one at a time, {r['batched_ms']} batched"
                           for r in result["compute_reference"]) + "."]

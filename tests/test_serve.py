@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from classify.inference import load_run  # noqa: E402
 from classify.serve.app import create_app  # noqa: E402
 from classify.serve.limits import Limits  # noqa: E402
-from classify.serve.microbatch import MicroBatcher  # noqa: E402
+from classify.serve.microbatch import MicroBatcher, Overloaded  # noqa: E402
 from classify.serve.service import ModelService  # noqa: E402
 
 from conftest import synthetic_reviews  # noqa: E402
@@ -193,6 +193,30 @@ def test_a_failing_model_answers_500_and_the_server_keeps_serving(service):
         assert client.post("/v1/predict", json={"text": "good"}).status_code == 200
 
 
+def test_past_the_queue_limit_a_request_gets_503_with_retry_after_and_the_server_recovers(service):
+    release, held = threading.Event(), threading.Event()
+
+    def stuck(texts):   # the model is busy with the first request until released
+        held.set()
+        release.wait(10)
+        return service.predict(texts)
+
+    with client_for(service, max_queue=2, max_delay_ms=0) as client, ThreadPoolExecutor(3) as pool:
+        client.app.state.batcher.predict_fn = stuck
+        first = pool.submit(client.post, "/v1/predict", json={"text": "good"})
+        assert held.wait(10)
+        queued = pool.submit(client.post, "/v1/predict", json={"texts": ["fine", "bad"]})   # 2 texts wait
+        while client.app.state.batcher.waiting < 2:
+            time.sleep(0.005)
+        refused = client.post("/v1/predict", json={"text": "one more"})
+        release.set()
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert "2 texts are already waiting" in refused.json()["error"] and "--max-queue" in refused.json()["error"]
+        assert first.result().status_code == 200 and queued.result().status_code == 200
+        client.app.state.batcher.predict_fn = service.predict
+        assert client.post("/v1/predict", json={"text": "one more"}).status_code == 200
+
+
 def test_concurrent_requests_each_get_their_own_answers(client):
     expected = {t: client.post("/v1/predict", json={"text": t}).json()["predictions"][0] for t in REVIEWS}
     with ThreadPoolExecutor(8) as pool:
@@ -260,28 +284,62 @@ def test_batcher_with_max_batch_1_answers_one_request_at_a_time():
     assert model.batches == requests
 
 
-def test_batcher_window_waits_for_company_but_no_longer_than_the_delay():
+def test_batcher_refuses_work_past_max_queue_but_never_a_request_into_an_empty_queue():
+    model = GatedEcho()
+    batcher = MicroBatcher(model, max_batch=64, max_delay=0.0, max_queue=3)
+
+    async def main():
+        first = asyncio.ensure_future(batcher.predict(["a"] * 5))   # over max_queue, but nothing waits: taken
+        while not model.batches:
+            await asyncio.sleep(0.005)
+        queued = [asyncio.ensure_future(batcher.predict(["b", "c"])), asyncio.ensure_future(batcher.predict(["d"]))]
+        await asyncio.sleep(0.02)
+        assert batcher.waiting == 3
+        with pytest.raises(Overloaded, match="3 texts are already waiting"):
+            await batcher.predict(["e"])
+        with pytest.raises(Overloaded):
+            await batcher.call(lambda: None, weight=1)
+        model.release.set()
+        answers = await asyncio.gather(first, *queued)
+        assert batcher.waiting == 0
+        return answers, await batcher.predict(["e"])
+
+    batcher.start()
+    try:
+        answers, late = asyncio.run(main())
+    finally:
+        batcher.stop()
+    assert answers == [["A"] * 5, ["B", "C"], ["D"]] and late == ["E"]
+
+
+def test_batcher_window_opens_under_load_and_waits_no_longer_than_the_delay():
     batches: list[int] = []
 
     def model(texts):
         batches.append(len(texts))
         return texts
 
-    async def main(batcher):
+    async def timed(batcher, texts):
         start = time.monotonic()
-        first = asyncio.ensure_future(batcher.predict(["a"]))
-        await asyncio.sleep(0.05)   # inside the 0.3 s window: joins the first request's batch
-        second = asyncio.ensure_future(batcher.predict(["b"]))
-        await asyncio.gather(first, second)
+        await batcher.predict(texts)
         return time.monotonic() - start
+
+    async def main(batcher):
+        alone = await timed(batcher, ["a"])           # no load before: runs at once, no window
+        await batcher.predict(["b", "c"])             # a batch with company: the window opens
+        first = asyncio.ensure_future(timed(batcher, ["d"]))
+        await asyncio.sleep(0.05)                     # inside the 0.3 s window: joins the first request's batch
+        second = asyncio.ensure_future(batcher.predict(["e"]))
+        waited, _ = await asyncio.gather(first, second)
+        return alone, waited
 
     batcher = MicroBatcher(model, max_batch=8, max_delay=0.3)
     batcher.start()
     try:
-        seconds = asyncio.run(main(batcher))
+        alone, waited = asyncio.run(main(batcher))
     finally:
         batcher.stop()
-    assert batches == [2] and 0.25 < seconds < 2
+    assert batches == [1, 2, 2] and alone < 0.2 and 0.25 < waited < 2
 
 
 def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
@@ -312,6 +370,7 @@ def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
     (["--model", "{missing}", "--port", "0"], "run folder not found"),
     (["--model", "{run}", "--max-batch", "0"], "--max-batch must be positive"),
     (["--model", "{run}", "--max-delay-ms", "-1"], "--max-delay-ms must be at least 0"),
+    (["--model", "{run}", "--max-queue", "0"], "--max-queue must be positive"),
     (["--model", "{run}", "--port", "70000"], "--port must be between 0 and 65535"),
     (["--model", "{run}", "--host", "203.0.113.9"], "cannot listen on 203.0.113.9 port 8000"),
 ])

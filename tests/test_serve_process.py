@@ -45,18 +45,19 @@ def test_real_server_answers_concurrent_clients_each_their_own(server):
     assert httpx.get(f"{server}/readyz").json()["status"] == "ready"
 
 
-def test_load_generator_records_both_modes_without_failures(trained_run, parquet_data, tmp_path):
+def test_load_generator_records_every_mode_without_failures(trained_run, parquet_data, tmp_path):
     out = tmp_path / "serve_load"
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--requests", "12",
                       "--rounds", "2", "--clients", "1", "8", "--threads", "1", "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result["runs"]) == {"1"} and set(result["runs"]["1"]) == {"on", "off"}
+    assert set(result["runs"]) == {"1"} and set(result["runs"]["1"]) == {"on", "on-nowait", "off"}
     for levels in result["runs"]["1"].values():
         assert [lv["clients"] for lv in levels] == [1, 8]
         assert all(lv["requests"] == 2 * max(12, 3 * lv["clients"]) and lv["failures"] == 0
                    and lv["requests_per_s"] > 0 for lv in levels)
     assert all(lv["mean_batch"] == 1 for lv in result["runs"]["1"]["off"])
-    assert "| 1 | on | 8 |" in out.with_suffix(".md").read_text()
+    markdown = out.with_suffix(".md").read_text()
+    assert "| 1 | on | 8 |" in markdown and "| 1 | on-nowait | 8 |" in markdown
     reference = result["compute_reference"][0]
     assert reference["threads"] == 1 and reference["one_at_a_time_ms"] > 0 and reference["batched_ms"] > 0
 

@@ -53,13 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-explain-texts", type=int, default=defaults.max_explain_texts,
                    help="most texts in one /v1/explain request (an explanation costs about as much as "
                         "predicting 'steps' texts, and holds the worker meanwhile)")
+    g.add_argument("--max-queue", type=int, default=defaults.max_queue,
+                   help="most texts waiting for the model (an explanation counts as texts x steps); a request "
+                        "past it is refused at once with 503 and Retry-After, so that overload cannot grow "
+                        "the wait of the requests taken without bound")
+    g.add_argument("--keep-alive-s", type=float, default=defaults.keep_alive_s,
+                   help="seconds an idle HTTP connection stays open (above the usual clients' pool expiry, so "
+                        "a pooled connection is not closed under a request that reuses it)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     limits = Limits(args.max_batch, args.max_batch_tokens, args.max_delay_ms, args.max_body_mb, args.max_texts,
-                    args.max_explain_texts)
+                    args.max_explain_texts, args.max_queue, args.keep_alive_s)
     if not 0 <= args.port <= 65535:
         raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
     try:
@@ -84,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         host, port = sock.getsockname()[:2]
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
-        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log)).run(sockets=[sock])
+        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
+                                                     timeout_keep_alive=limits.keep_alive_s)).run(sockets=[sock])
     return 0
 
 

@@ -59,7 +59,8 @@ def _check_read(results: list[TextResult]) -> None:
 def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
     """The application for one loaded model. Its worker thread starts and stops with the app's lifespan
     (uvicorn, or ``with TestClient(app)``)."""
-    batcher: MicroBatcher[TextResult] = MicroBatcher(service.predict, limits.max_batch, limits.max_delay_ms / 1000)
+    batcher: MicroBatcher[TextResult] = MicroBatcher(service.predict, limits.max_batch, limits.max_delay_ms / 1000,
+                                                     limits.max_queue)
     labels = service.run.labels
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
@@ -75,7 +76,7 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
                   description="Sentiment of movie reviews from a trained classify run. Errors are JSON: "
                               "{error, status, details?}.",
                   responses={422: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
-                             400: {"model": ErrorResponse}})
+                             400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
     app.state.batcher = batcher
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
@@ -98,7 +99,7 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
         """As /v1/predict, plus each word's attribution to the predicted label (integrated gradients)."""
         texts = request.all_texts
         _check_count(texts, limits.max_explain_texts, "--max-explain-texts")
-        explained = await batcher.call(lambda: service.explain(texts, request.steps))
+        explained = await batcher.call(lambda: service.explain(texts, request.steps), weight=len(texts) * request.steps)
         _check_read([e.result for e in explained])
         predictions = []
         for e in explained:

@@ -1,7 +1,8 @@
 """Everything that goes wrong over HTTP becomes a JSON ``ErrorResponse`` with a message for a person.
 
 User errors get their 4xx status (400 unreadable body, 404/405 wrong route or method, 413 body over
-the limit, 422 a body that does not fit the API); a bug answers 500 and the server keeps serving.
+the limit, 422 a body that does not fit the API), 503 when too much work is already waiting
+(``Overloaded``, with Retry-After); a bug answers 500 and the server keeps serving.
 FastAPI has no request-size limit of its own: ``BodyLimit`` is one, as ASGI middleware.
 """
 
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .microbatch import Overloaded
 from .schemas import ErrorResponse
 
 log = logging.getLogger("classify.serve")
@@ -82,6 +84,13 @@ async def _user_error(request: Request, exc: UserError) -> JSONResponse:
     return error_response(422, str(exc))
 
 
+RETRY_AFTER_S = 1
+
+
+async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    return error_response(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("error answering %s %s", request.method, request.url.path)
     return error_response(500, f"internal error ({type(exc).__name__}: {exc}); the server is still running, "
@@ -92,6 +101,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(UserError, _user_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Overloaded, _overloaded)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
 
 
