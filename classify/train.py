@@ -36,7 +36,7 @@ from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, encode_reviews, logits_ids, predict_ids, softmax
 from .models import Classifier, ClassifierConfig
-from .ngrams import fit_mix, fit_ngram_bag
+from .ngrams import fit_mix, self_train_ngram_bag
 from .text.batching import Collate
 from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split)
@@ -72,6 +72,9 @@ class TrainConfig(ReviewRunConfig):
                                     "(an honest estimate of test accuracy); random: the old random split, which "
                                     "shares movies with training", choices=SPLITS_BY)
     ngram_c: float = setting(1.0, "inverse L2 strength of the n-gram branch's logistic regression", check=positive)
+    ngram_self_train: bool = setting(True, "self-train the n-gram branch on the source's unlabelled reviews (its "
+                                           "unsupervised split, when it has one): fit, label them with the fit, "
+                                           "fit again on both (+0.2 points on IMDB; about 2 more minutes)")
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c")
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
     add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults={"ngram_orders": NGRAM_ORDERS})
-    add_flags(g, TrainConfig, ["ngram_c"])
+    add_flags(g, TrainConfig, ["ngram_c", "ngram_self_train"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
               ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "batch_size",
                "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
@@ -259,7 +262,13 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         # Stage 1: rank 0 fits the n-gram branch; DDP gives every rank its weights when fit() wraps the model.
         def fit_branch() -> float:
             t = time.monotonic()
-            fit_ngram_bag(model.ngram, train_ids, train_set.labels, config.ngram_c)
+            unlabelled = (encode_reviews(tokenizer, load_split(config.data, "unsupervised", labelled=False).texts,
+                                         model_config.max_len, config.truncation)
+                          if config.ngram_self_train and provides_split(config.data, "unsupervised") else [])
+            given = self_train_ngram_bag(model.ngram, train_ids, train_set.labels, unlabelled, config.ngram_c)
+            if given:
+                console.log(f"n-gram branch self-trained on {len(given)} unlabelled reviews "
+                            f"({sum(given) / len(given):.0%} labelled {LABEL_NAMES[1]} by its first fit)")
             return time.monotonic() - t
         console.log(f"n-gram branch (orders 1-{model_config.ngram_orders}, {model_config.ngram_buckets} slots) "
                     f"fitted in {distributed.on_main(fit_branch):.0f}s")

@@ -13,7 +13,8 @@ import torch
 from classify.engine import files
 from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
-from classify.ngrams import NgramBag, feature_matrix, fit_mix, fit_ngram_bag, ngram_ids
+from classify.ngrams import (NgramBag, bag_logits, feature_matrix, fit_mix, fit_ngram_bag, ngram_ids,
+                             self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
 
@@ -106,6 +107,32 @@ def test_fitted_branch_separates_the_classes_and_matches_its_feature_matrix():
     features = feature_matrix(bag, ids[:3])
     for row, review in zip(features, ids[:3]):
         assert set(row.indices.tolist()) == expected_slots(review)
+
+
+def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_their_company():
+    rng = np.random.default_rng(2)
+    good, bad, new_good, new_bad = 10, 20, 13, 23   # new_*: never in a labelled review
+
+    def review(words):
+        filler = rng.integers(30, VOCAB, size=8).tolist()
+        return filler[:4] + words + filler[4:]
+
+    labels = [i % 2 for i in range(120)]
+    ids = [review([good if y else bad]) for y in labels]
+    unlabelled = [review([good, new_good]) for _ in range(40)] + [review([bad, new_bad]) for _ in range(40)]
+    plain = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    fit_ngram_bag(plain, ids, labels, c=1.0)
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    given = self_train_ngram_bag(bag, ids, labels, unlabelled, c=1.0)
+    assert given == [1] * 40 + [0] * 40              # labelled by the first fit
+    def margins(b):   # what each new word alone adds to logit(good) - logit(bad), the bias left out
+        logits = bag_logits(b, [[new_good], [new_bad]]) - b.bias
+        return (logits[:, 1] - logits[:, 0]).tolist()
+
+    (before_good, before_bad), (after_good, after_bad) = margins(plain), margins(bag)
+    assert abs(before_good) < 0.01 and abs(before_bad) < 0.01   # unseen by the plain fit (up to hash collisions)
+    assert after_good > 0.1 and after_bad < -0.1
+    assert self_train_ngram_bag(bag, ids, labels, [], c=1.0) == []
 
 
 def test_fit_mix_finds_the_weights_that_generated_the_labels():
