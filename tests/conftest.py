@@ -89,6 +89,18 @@ def parquet_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def unlabelled_data(tmp_path_factory) -> Path:
+    """The parquet folder plus an unsupervised.parquet (label -1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = write_parquet_folder(tmp_path_factory.mktemp("imdb"))
+    texts = [t for t, _ in synthetic_reviews(600, seed=7)]
+    pq.write_table(pa.table({"text": texts, "label": [-1] * len(texts)}), folder / "unsupervised.parquet")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, parquet_data) -> Path:
     """A tiny classifier trained for a few epochs on synthetic reviews (shared by CLI tests; do not modify)."""
     from classify.train import main

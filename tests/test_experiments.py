@@ -135,3 +135,14 @@ def test_ablation_chain_differs_at_every_step_and_each_variant_trains_as_configu
     assert (bloem["num_layers"], bloem["norm_first"], bloem["mask_padding"]) == (6, False, False)
     assert (ours["num_layers"], ours["norm_first"], ours["mask_padding"]) == (2, True, True)
     assert all(r["curve"][-1][0] == 2 for r in rows)
+
+
+def test_ngram_branch_scores_each_variant_alone(unlabelled_data, tmp_path):
+    from experiments.ngram_branch import main as branch_main
+
+    argv = ["--data", str(unlabelled_data), "--variants", "200:64", "200:64:self", "--results", str(tmp_path)]
+    assert branch_main(argv) == 0
+    rows = json.loads((tmp_path / "ngram_branch.json").read_text())["rows"]
+    assert [(r["max_len"], r["self_train"], r["unlabelled"]) for r in rows] == [(64, False, 0), (64, True, 600)]
+    assert all(0.5 < r["test_accuracy"] <= 1 and 0.5 < r["val_accuracy"] <= 1 for r in rows)
+    assert f"| {rows[1]['vocab']} | 64 | 600 unlabelled |" in (tmp_path / "ngram_branch.md").read_text()

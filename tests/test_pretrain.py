@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL_ARGS, synthetic_reviews, write_parquet_folder
+from conftest import TINY_MODEL_ARGS, synthetic_reviews
 from safetensors.torch import load_file
 
 import classify.engine.loop as loop
@@ -34,18 +34,6 @@ def restore_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def unlabelled_data(tmp_path_factory) -> Path:
-    """The conftest parquet folder plus an unsupervised.parquet (label -1)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    folder = write_parquet_folder(tmp_path_factory.mktemp("imdb"))
-    texts = [t for t, _ in synthetic_reviews(600, seed=7)]
-    pq.write_table(pa.table({"text": texts, "label": [-1] * len(texts)}), folder / "unsupervised.parquet")
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -166,3 +166,16 @@ def test_validation_size_follows_the_data_when_not_given(parquet_data, tmp_path,
     assert json.loads((out / "config.json").read_text())["train"]["val_size"] == 30  # recorded: resumes compare it
     assert main(["--data", str(parquet_data), "--output", str(out), "--limit", "300", "--max-steps", "4",
                  *tiny]) == 0  # the same default again: the same run, resumed
+
+
+def test_the_ngram_branch_self_trains_on_the_sources_unlabelled_reviews(unlabelled_data, tmp_path):
+    weights = {}
+    for flag in ("--ngram-self-train", "--no-ngram-self-train"):
+        out = tmp_path / flag
+        assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test", flag,
+                     *TINY_MODEL_ARGS]) == 0
+        weights[flag] = load_file(str(out / "model.safetensors"))
+        assert json.loads((out / "config.json").read_text())["train"]["ngram_self_train"] == (flag == "--ngram-self-train")
+    self_trained, plain = weights["--ngram-self-train"], weights["--no-ngram-self-train"]
+    # The unlabelled reviews add n-grams of their own: more slots get weights than from the labelled ones alone.
+    assert (self_trained["ngram.weight"] != 0).any(dim=1).sum() > (plain["ngram.weight"] != 0).any(dim=1).sum()
