@@ -135,10 +135,14 @@ def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0) -> np.n
 def fit_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int], c: float) -> None:
     """Fit the bag on pre-tokenized training reviews: naive-Bayes scales (two classes; 1 otherwise) and
     an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features."""
+    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c)
+
+
+@torch.no_grad()
+def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float) -> None:
+    """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets) and labels (N,)."""
     from sklearn.linear_model import LogisticRegression
 
-    y = np.asarray(labels)
-    features = feature_matrix(bag, ids)
     num_classes = bag.weight.shape[1]
     binary = num_classes == 2
     scale = naive_bayes_ratios(features, y) if binary else np.ones(bag.buckets)
@@ -164,11 +168,16 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int],
                          c: float) -> list[int]:
     """Fit the bag on labelled reviews, label ``unlabelled`` with that fit (its most likely class), and fit
     again on all of them; returns the labels given. Naive-Bayes scales are recomputed from both."""
-    fit_ngram_bag(bag, ids, labels, c)
+    import scipy.sparse as sp
+
+    features, y = feature_matrix(bag, ids), np.asarray(labels)
+    _fit_features(bag, features, y, c)
     if not unlabelled:
         return []
     given = bag_logits(bag, unlabelled).argmax(dim=1).tolist()
-    fit_ngram_bag(bag, ids + unlabelled, list(labels) + given, c)
+    # The labelled reviews' features are built once and reused for the second fit.
+    _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
+                  np.concatenate([y, np.asarray(given, dtype=y.dtype)]), c)
     return given
 
 

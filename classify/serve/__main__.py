@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         host, port = sock.getsockname()[:2]
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
-        uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
-                                                     timeout_keep_alive=limits.keep_alive_s)).run(sockets=[sock])
+        config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
+                                timeout_keep_alive=limits.keep_alive_s)
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

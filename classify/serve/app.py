@@ -99,7 +99,8 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
         """As /v1/predict, plus each word's attribution to the predicted label (integrated gradients)."""
         texts = request.all_texts
         _check_count(texts, limits.max_explain_texts, "--max-explain-texts")
-        explained = await batcher.call(lambda: service.explain(texts, request.steps), weight=len(texts) * request.steps)
+        explained = await batcher.call(lambda: service.explain(texts, request.steps),
+                                       weight=len(texts) * request.steps)
         _check_read([e.result for e in explained])
         predictions = []
         for e in explained:

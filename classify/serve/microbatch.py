@@ -116,7 +116,8 @@ class MicroBatcher(Generic[R]):
         return self._waiting
 
     def _submit(self, **job: Any) -> asyncio.Future:
-        new = _Job(asyncio.get_running_loop().create_future(), asyncio.get_running_loop(), **job)
+        loop = asyncio.get_running_loop()
+        new = _Job(loop.create_future(), loop, **job)
         with self._waiting_lock:
             if self.max_queue is not None and self._waiting + new.size > self.max_queue and self._waiting:
                 raise Overloaded(f"the server is busy: {self._waiting} texts are already waiting for the model "
