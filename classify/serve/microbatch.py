@@ -9,8 +9,8 @@ slice of the results. Requests that arrive while a batch runs join the next one;
 than ``max_delay`` for company. ``max_batch=1`` turns batching off (one request at a time).
 
 The window opens only under load: when the previous batch had a single text, the next one takes
-what is queued and runs at once. A lone client then pays no window (measured: 5 ms of waiting cut
-one client's requests/s by a third), while under load the batch that runs meanwhile gathers the
+what is queued and runs at once. A lone client then pays no window (an always-open 5 ms window cut
+one client's requests/s by about 40%: experiments/RESULTS.md, "Serving load test"), while under load the batch that runs meanwhile gathers the
 company anyway and the window tops it up.
 
 Back-pressure: at most ``max_queue`` texts wait for the worker. A request that would go past it is
