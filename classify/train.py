@@ -74,7 +74,7 @@ class TrainConfig(ReviewRunConfig):
     ngram_c: float = setting(1.0, "inverse L2 strength of the n-gram branch's logistic regression", check=positive)
     ngram_self_train: bool = setting(True, "self-train the n-gram branch on the source's unlabelled reviews (its "
                                            "unsupervised split, when it has one): fit, label them with the fit, "
-                                           "fit again on both (+0.2 points on IMDB; about 2 more minutes)")
+                                           "fit again on both (+0.2 points on IMDB; about 3 more minutes)")
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c")
