@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_masks, padding_mask
-from .ngrams import NgramBag
+from .ngrams import DEFAULT_BUCKETS, NgramBag
 
 __all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
 
@@ -97,7 +97,7 @@ class ClassifierConfig(_Config):
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
     attention_dropout: float | None = None  # on the attention weights; None = dropout
     ngram_orders: int = 0          # n-gram branch over orders 1..N (classify.ngrams); 0 = no branch
-    ngram_buckets: int = 4_194_301  # hash slots of the branch (a prime: spreads the n-gram codes evenly)
+    ngram_buckets: int = DEFAULT_BUCKETS  # hash slots of the branch
 
     def validate(self) -> None:
         super().validate()

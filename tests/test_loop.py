@@ -18,6 +18,7 @@ from classify.engine.runfolder import LAST, LOCK, METRICS, WEIGHTS, RunFolder
 from classify.errors import run_cli
 from classify.pretrain import main as pretrain_main
 from classify.seq2seq.cli import main as seq2seq_main
+import classify.train as train
 from classify.train import main as train_main
 from conftest import TINY_MODEL_ARGS
 from test_pretrain import TINY_PRETRAIN_ARGS
@@ -64,10 +65,14 @@ def last_state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("kind", ["classifier", "pretrain", "seq2seq"])
-def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, corpus, tmp_path, monkeypatch):
-    main, straight = command(kind, parquet_data, corpus, tmp_path / "straight")
+def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, unlabelled_data, corpus, tmp_path,
+                                                       monkeypatch):
+    # The classifier reads unlabelled reviews too: self-training and pseudo-labels, which a resumed run must
+    # take from the run folder, not fit again.
+    data = unlabelled_data if kind == "classifier" else parquet_data
+    main, straight = command(kind, data, corpus, tmp_path / "straight")
     assert main(straight) == 0
-    main, killed = command(kind, parquet_data, corpus, tmp_path / "killed")
+    main, killed = command(kind, data, corpus, tmp_path / "killed")
 
     real_step, calls = loop.optimizer_step, {"n": 0}
 
@@ -82,6 +87,7 @@ def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, corp
         main(killed)
     assert last_state(tmp_path / "killed")[0]["step"] == 10
     monkeypatch.setattr(loop, "optimizer_step", real_step)
+    monkeypatch.setattr(train, "prepare", lambda *a, **k: pytest.fail("stage 1 ran again on resume"))
     assert main(killed) == 0
 
     (a_state, a), (b_state, b) = last_state(tmp_path / "straight"), last_state(tmp_path / "killed")

@@ -14,6 +14,7 @@ import classify.engine.files as files
 import classify.engine.loop as loop
 from classify.engine.files import read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION
+from classify.errors import run_cli
 from classify.train import main
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
@@ -179,3 +180,32 @@ def test_the_ngram_branch_self_trains_on_the_sources_unlabelled_reviews(unlabell
     self_trained, plain = weights["--ngram-self-train"], weights["--no-ngram-self-train"]
     # The unlabelled reviews add n-grams of their own: more slots get weights than from the labelled ones alone.
     assert (self_trained["ngram.weight"] != 0).any(dim=1).sum() > (plain["ngram.weight"] != 0).any(dim=1).sum()
+
+
+def test_unlabelled_reviews_labelled_by_the_ngram_model_train_the_transformer_too(unlabelled_data, tmp_path):
+    steps = {}
+    for name, flags in {"plain": ["--no-pseudo-labels"], "pseudo": [],
+                        "pure": ["--ngram-orders", "0"]}.items():  # a teacher fitted for the labels alone
+        out = tmp_path / name
+        assert main(["--data", str(unlabelled_data), "--output", str(out), "--epochs", "1", "--no-test", *flags,
+                     *TINY_MODEL_ARGS]) == 0
+        steps[name] = json.loads((out / "last" / "state.json").read_text())["step"]
+        labels = out / "pseudo_labels.json"
+        assert labels.exists() == (name != "plain")
+        if name != "plain":
+            saved = json.loads(labels.read_text())
+            assert saved["count"] == len(saved["labels"]) == 600 and set(saved["labels"]) == {0, 1}
+            assert saved["teacher"] == ("n-gram teacher" if name == "pure" else "n-gram branch, first fit")
+    # One epoch, 16 reviews a batch: 320 labelled reviews, or those and the 600 unlabelled ones.
+    assert (steps["plain"], steps["pseudo"], steps["pure"]) == (20, 58, 58)
+    assert "ngram.weight" not in load_file(str(tmp_path / "pure" / "model.safetensors"))  # the teacher is not kept
+
+
+def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "2", "--no-test", *TINY_MODEL_ARGS]
+    assert main(argv) == 0
+    (out / "pseudo_labels.json").write_text('{"labels": [1, 0]}')
+    assert run_cli(main, argv[:5] + ["4"] + argv[6:]) == 2
+    err = capsys.readouterr().err
+    assert "holds labels for 2 unlabelled reviews, the source has 600" in err and len(err.strip().splitlines()) == 1

@@ -11,6 +11,7 @@ A run folder (Hugging Face style)::
         optimizer-<step>.safetensors  optimizer tensors (flattened state dict)
         state.json                    names those files; step, epoch, scheduler, RNG, best metric, ...
       metrics.jsonl       one JSON line per evaluation
+      pseudo_labels.json  the labels a teacher gave the unlabelled reviews the run also trains on (if any)
       test_metrics.json   one evaluation of the best model on the test split
       .lock               held (flock) by the process writing the run; holds its pid for the message
 
@@ -50,6 +51,7 @@ WEIGHTS = "model.safetensors"
 LAST = "last"
 METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.json"
+PSEUDO_LABELS = "pseudo_labels.json"
 LOCK = ".lock"
 
 
@@ -250,6 +252,22 @@ class RunFolder:
         with self._writing(METRICS):
             write_text(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
         return state
+
+    def save_pseudo_labels(self, labels: list[int], teacher: str) -> None:
+        """The labels ``teacher`` gave the unlabelled reviews, in their order: a resumed run trains on the very
+        same data without fitting the teacher again."""
+        with self._writing(PSEUDO_LABELS):
+            write_json(self.path / PSEUDO_LABELS, {"teacher": teacher, "count": len(labels), "labels": labels})
+
+    def pseudo_labels(self) -> list[int] | None:
+        """The labels ``save_pseudo_labels`` kept, or None if the run has none."""
+        if not (self.path / PSEUDO_LABELS).exists():
+            return None
+        data = read_json(self.path / PSEUDO_LABELS, "pseudo-labels")
+        labels = data.get("labels") if isinstance(data, dict) else None
+        if not isinstance(labels, list):
+            raise ClassifyError(f"{self.path / PSEUDO_LABELS} is damaged: it holds no list of labels")
+        return labels
 
     def write_test_metrics(self, metrics: dict[str, Any]) -> None:
         with self._writing(TEST_METRICS):

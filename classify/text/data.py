@@ -213,6 +213,22 @@ def default_val_size(examples: int) -> int:
     return min(2500, examples // 10)
 
 
+def sample(examples: Examples, limit: int | None, seed: int) -> Examples:
+    """A seeded random sample of ``limit`` examples in file order (all of them if ``limit`` is None or larger);
+    not the file's first rows: IMDB files are sorted by label."""
+    if not limit or limit >= len(examples):
+        return examples
+    return examples.subset(sorted(np.random.default_rng(seed).permutation(len(examples))[:limit]))
+
+
+def unlabelled_split(source: str, limit: int | None = None, seed: int = 0) -> Examples:
+    """``source``'s unlabelled reviews (its unsupervised split; none if it has no such split), a seeded sample of
+    ``limit`` of them if given."""
+    if not provides_split(source, "unsupervised"):
+        return Examples([], [])
+    return sample(load_split(source, "unsupervised", labelled=False), limit, seed)
+
+
 def training_split(source: str, val_size: int | None, seed: int, limit: int | None = None,
                    split: str = "grouped") -> tuple[Examples, Examples]:
     """The (train, validation) examples of a run: ``source``'s train split, cut to a seeded sample of
@@ -227,10 +243,7 @@ def training_split(source: str, val_size: int | None, seed: int, limit: int | No
 
     if split not in SPLITS_BY:
         raise ClassifyError(f"split must be one of {', '.join(SPLITS_BY)}, got {split!r}")
-    full = load_split(source, "train")
-    if limit and limit < len(full):
-        # A seeded sample, not the file's first rows: IMDB files are sorted by label.
-        full = full.subset(sorted(np.random.default_rng(seed).permutation(len(full))[:limit]))
+    full = sample(load_split(source, "train"), limit, seed)
     if val_size is None:
         val_size = default_val_size(len(full))
     if split == "random":
