@@ -24,8 +24,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 @pytest.fixture(scope="module")
 def server(trained_run):
-    # A batching window long enough that concurrent test requests share batches.
-    with serve_process(trained_run, "--threads", "1", "--max-delay-ms", "20", "--log-level", "warning") as url:
+    # A batching window long enough that concurrent test requests share batches; fp32, because bf16 autocast
+    # (on CPUs with AVX-512 BF16) rounds a review differently alone than in a batch, by about 1e-4.
+    with serve_process(trained_run, "--threads", "1", "--max-delay-ms", "20", "--log-level", "warning",
+                       "--precision", "fp32") as url:
         yield url
 
 
