@@ -239,8 +239,7 @@ def prepare(run: RunFolder, model: Classifier, config: TrainConfig, train_ids: l
         bag = (model.ngram if model.ngram is not None
                else NgramBag(c.vocab_size, c.num_classes, NGRAM_ORDERS, DEFAULT_BUCKETS, c.pad_id))
         refit = model.ngram is not None and config.ngram_self_train
-        given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids if refit or config.pseudo_labels
-                                     else [], config.ngram_c, refit=refit)
+        given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=refit)
         what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if refit else "")
                 if model.ngram is not None else "n-gram teacher")
         console.log(f"{what} (orders 1-{bag.orders}, {bag.buckets} slots) fitted in {time.monotonic() - t:.0f}s"
@@ -306,7 +305,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         load_pretrained_encoder(model, config.init_from)
     unlabelled_ids = (encode_reviews(tokenizer, unlabelled_split(config.data, config.limit, config.seed).texts,
                                      model_config.max_len, config.truncation)
-                      if config.pseudo_labels or (model.ngram is not None and config.ngram_self_train)
+                      if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
     if resuming:  # the weights come from last/; the unlabelled reviews' labels from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids)))
