@@ -36,7 +36,7 @@ from .errors import ClassifyError, run_cli
 from .mlm import MaskedLM, Masker, mlm_loss
 from .models import ClassifierConfig
 from .text.batching import BucketBatchSampler, Collate, pad_batch
-from .text.data import default_source, load_split, normalize, provides_split, training_split
+from .text.data import default_source, normalize, training_split, unlabelled_split
 from .text.tokenize import encode, train_tokenizer
 
 KIND = "pretrain"
@@ -123,11 +123,10 @@ def pretraining_texts(source: str, val_size: int, mlm_val_size: int, seed: int,
     excluded = set(labelled_val.texts)
     train_texts = [t for t in labelled_train.texts if t not in excluded]
     rng = np.random.default_rng(seed)
-    if provides_split(source, "unsupervised"):
-        unlabelled = load_split(source, "unsupervised", labelled=False).texts
+    unlabelled = unlabelled_split(source).texts
+    if unlabelled:
         what = f"{len(unlabelled)} unsupervised + {len(train_texts)} train reviews"
-    else:
-        unlabelled = []  # e.g. a single CSV file: pretrain on its texts, hold out some of them
+    else:  # e.g. a single CSV file: pretrain on its texts, hold out some of them
         what = f"{len(train_texts)} train reviews (no unsupervised split in {source})"
     pool = unlabelled if len(unlabelled) > mlm_val_size else train_texts
     if len(pool) <= mlm_val_size:

@@ -111,19 +111,19 @@ def test_pretraining_learns_and_writes_a_run_folder(pretrained_run):
 
 
 def test_pretraining_text_excludes_test_and_classifier_validation(unlabelled_data, monkeypatch):
-    import classify.pretrain as pretrain_module
+    import classify.text.data as data_module
     from classify.text.data import training_split
 
     splits = []
-    real = pretrain_module.load_split
+    real = data_module.load_split
 
     def recording(source, split, *args, **kwargs):
         splits.append(split)
         return real(source, split, *args, **kwargs)
 
-    monkeypatch.setattr(pretrain_module, "load_split", recording)
+    monkeypatch.setattr(data_module, "load_split", recording)  # every split pretraining reads goes through it
     train, val, _ = pretraining_texts(str(unlabelled_data), val_size=80, mlm_val_size=100, seed=0)
-    assert "test" not in splits
+    assert "test" not in splits and {"train", "unsupervised"} <= set(splits)
     _, classifier_val = training_split(str(unlabelled_data), 80, 0)
     assert not {normalize(t) for t in classifier_val.texts} & set(train)
     assert len(val) == 100 and not set(val) & set(train)
