@@ -98,14 +98,17 @@ class ClassifierConfig(_Config):
     attention_dropout: float | None = None  # on the attention weights; None = dropout
     ngram_orders: int = 0          # n-gram branch over orders 1..N (classify.ngrams); 0 = no branch
     ngram_buckets: int = DEFAULT_BUCKETS  # hash slots of the branch
+    ngram_skip_bigrams: bool = False  # the branch also reads pairs of tokens one apart
+    ngram_head: int = 0            # ... and, as features of their own, the n-grams of the first N tokens
+    ngram_tail: int = 0            # ... and of the last N tokens
 
     def validate(self) -> None:
         super().validate()
         if self.pooling not in ("mean", "max", "first"):
             raise ValueError(f"pooling must be 'mean', 'max' or 'first', got {self.pooling!r}")
-        if self.ngram_orders < 0 or self.ngram_buckets < 1:
-            raise ValueError(f"ngram_orders must be >= 0 and ngram_buckets >= 1, got {self.ngram_orders} "
-                             f"and {self.ngram_buckets}")
+        if self.ngram_orders < 0 or self.ngram_buckets < 1 or self.ngram_head < 0 or self.ngram_tail < 0:
+            raise ValueError(f"ngram_orders, ngram_head and ngram_tail must be >= 0 and ngram_buckets >= 1, got "
+                             f"{self.ngram_orders}, {self.ngram_head}, {self.ngram_tail} and {self.ngram_buckets}")
 
 
 class Classifier(nn.Module):
@@ -128,7 +131,8 @@ class Classifier(nn.Module):
         self.head = nn.Linear(c.d_model, c.num_classes)
         _init_weights(self)
         # After the Xavier initialisation: the bag starts at zero and is fitted, not trained.
-        self.ngram = (NgramBag(c.vocab_size, c.num_classes, c.ngram_orders, c.ngram_buckets, c.pad_id)
+        self.ngram = (NgramBag(c.vocab_size, c.num_classes, c.ngram_orders, c.ngram_buckets, c.pad_id,
+                               c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail)
                       if c.ngram_orders else None)
         if self.ngram is not None:
             self.ngram.requires_grad_(False)

@@ -11,7 +11,8 @@ How it works:
   of ``buckets`` slots by exact integer arithmetic (the n-gram's ids as digits in base vocab+1, modulo
   a bucket count), the same on every process, platform and device. N-grams never span padding.
   Each row keeps a slot once (binary features: NBSVM's best variant), padding slots point at an
-  extra all-zero row.
+  extra all-zero row. Optional ``families`` add features of their own (salted slots): pairs of tokens
+  one apart, and the n-grams of a review's first and last tokens, where the verdict tends to be.
 * ``NgramBag``: logits (B, C) = sum over a review's slots of ``weight[slot] * scale[slot]`` + bias:
   an ``EmbeddingBag`` in sum mode. ``scale`` holds the naive-Bayes log-count ratios, ``weight`` the
   coefficients of a logistic regression fitted on the scaled features.
@@ -24,6 +25,8 @@ How it works:
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,30 +41,88 @@ MAX_VOCAB = 2_097_150
 DEFAULT_BUCKETS = 4_194_301
 
 
-def ngram_slots_by_order(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int) -> list[Tensor]:
-    """tokens (B, T) -> for n = 1..``orders``, the slot of the n-gram starting at each position, (B, T-n+1);
-    ``buckets`` (the padding slot) where the n-gram would include padding."""
+@dataclass(frozen=True)
+class Family:
+    """One kind of n-gram the branch reads: token ``offsets`` from its start ((0, 1) a bigram, (0, 2) a bigram
+    that skips a token) and where in the review it must lie (``head``: within the first ``within`` tokens,
+    ``tail``: within the last ``within``, ``all``: anywhere)."""
+
+    offsets: tuple[int, ...]
+    where: str = "all"
+    within: int = 0
+
+    def salt(self, buckets: int) -> int:
+        """Added to every slot of a family that is not a plain n-gram: "good" at the end of a review and
+        "good" anywhere are different features."""
+        if self.where == "all" and self.offsets == tuple(range(len(self.offsets))):
+            return 0  # plain n-grams hash as they did before the other families existed
+        key = (len(self.offsets), self.offsets[-1], ("all", "head", "tail").index(self.where), self.within)
+        return sum(k * 0x9E3779B1 ** (i + 1) for i, k in enumerate(key)) % buckets
+
+
+def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int = 0) -> list[Family]:
+    """The n-gram families of a branch: orders 1..``orders`` anywhere; with ``skip_bigrams``, the pairs of
+    tokens one apart ("not * good"); with ``head``/``tail`` > 0, orders 1..``orders`` again, as separate
+    features, for the n-grams within a review's first ``head`` and last ``tail`` tokens (where reviews tend
+    to state their verdict)."""
+    plain = [tuple(range(n)) for n in range(1, orders + 1)]
+    out = [Family(o) for o in plain]
+    if skip_bigrams:
+        out.append(Family((0, 2)))
+    out += [Family(o, "head", head) for o in plain if head] + [Family(o, "tail", tail) for o in plain if tail]
+    return out
+
+
+def describe(kinds: list[Family]) -> str:
+    """What a branch reads, in words: "1-3-grams, skip-bigrams, 1-3-grams of the first 30 / last 60 tokens"."""
+    def orders(fs: list[Family]) -> str:
+        return f"1-{max(len(f.offsets) for f in fs)}-grams"
+
+    parts = [orders([f for f in kinds if f.where == "all" and f.offsets[-1] + 1 == len(f.offsets)])]
+    parts += ["skip-bigrams"] * any(f.offsets == (0, 2) for f in kinds)
+    ends = [f"{where} {fs[0].within}" for where, fs in
+            (("first", [f for f in kinds if f.where == "head"]), ("last", [f for f in kinds if f.where == "tail"])) if fs]
+    if ends:
+        parts.append(f"{orders([f for f in kinds if f.where != 'all'])} of the {' / '.join(ends)} tokens")
+    return ", ".join(parts)
+
+
+def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family]) -> list[Tensor]:
+    """tokens (B, T), right-padded -> per family, the slot of its n-gram starting at each position, (B, T - span + 1)
+    (span: the family's last offset + 1); ``buckets`` (the padding slot) where there is none: the n-gram would
+    include padding, or lies outside the family's part of the review."""
     digits = tokens.long() + 1                            # 0 stays free for "no token"
     real = tokens != pad_id
+    lengths = real.sum(dim=1, keepdim=True)               # right-padded: real tokens are 0 .. length-1
     base = vocab_size + 1
-    length = tokens.shape[1]
-    code, ok = torch.zeros_like(digits), torch.ones_like(real)
-    slots = []
-    for n in range(min(orders, length)):
-        # code[:, i] = the n-gram starting at i: digits[i] + base * digits[i+1] + base**2 * digits[i+2] ...
-        code = code[:, : length - n] + base ** n * digits[:, n:]
-        ok = ok[:, : length - n] & real[:, n:]
-        slots.append(torch.where(ok, code % buckets, buckets))
-    return slots
+    out = []
+    for family in kinds:
+        span = family.offsets[-1] + 1
+        count = tokens.shape[1] - span + 1
+        if count <= 0:
+            out.append(torch.full((tokens.shape[0], 0), buckets, dtype=torch.long, device=tokens.device))
+            continue
+        # code[:, i] = the n-gram starting at i: digits[i + o0] + base * digits[i + o1] + base**2 * digits[i + o2] ...
+        code = sum(base ** k * digits[:, o : o + count] for k, o in enumerate(family.offsets))
+        ok = torch.stack([real[:, o : o + count] for o in family.offsets]).all(dim=0)
+        start = torch.arange(count, device=tokens.device)
+        if family.where == "head":
+            ok = ok & (start + span <= family.within)
+        elif family.where == "tail":
+            ok = ok & (start >= lengths - family.within)
+        out.append(torch.where(ok, (code % buckets + family.salt(buckets)) % buckets, buckets))
+    return out
 
 
-def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int) -> Tensor:
-    """tokens (B, T) -> hashed n-gram slots (B, L), L = T + (T-1) + ... for orders 1..``orders``.
+def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int,
+              kinds: list[Family] | None = None) -> Tensor:
+    """tokens (B, T) -> hashed n-gram slots (B, L), L = the positions of all families (default: orders 1..``orders``).
 
     Each row holds every distinct slot once, sorted; the rest of the row is ``buckets`` (the
     padding slot). Padding tokens never enter an n-gram.
     """
-    slots = torch.cat(ngram_slots_by_order(tokens, pad_id, vocab_size, orders, buckets), dim=1).sort(dim=1).values
+    kinds = kinds if kinds is not None else families(orders)
+    slots = torch.cat(family_slots(tokens, pad_id, vocab_size, buckets, kinds), dim=1).sort(dim=1).values
     repeated = torch.zeros_like(slots, dtype=torch.bool)
     repeated[:, 1:] = slots[:, 1:] == slots[:, :-1]
     return slots.masked_fill(repeated, buckets)
@@ -70,17 +131,19 @@ def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets
 class NgramBag(nn.Module):
     """Hashed n-gram bag: tokens (B, T) -> logits (B, num_classes)."""
 
-    def __init__(self, vocab_size: int, num_classes: int, orders: int, buckets: int, pad_id: int):
+    def __init__(self, vocab_size: int, num_classes: int, orders: int, buckets: int, pad_id: int,
+                 skip_bigrams: bool = False, head: int = 0, tail: int = 0):
         super().__init__()
         if not 0 < vocab_size <= MAX_VOCAB:
             raise ValueError(f"the n-gram branch supports vocabularies up to {MAX_VOCAB}, got {vocab_size}")
         self.vocab_size, self.orders, self.buckets, self.pad_id = vocab_size, orders, buckets, pad_id
+        self.kinds = families(orders, skip_bigrams, head, tail)
         self.weight = nn.Parameter(torch.zeros(buckets + 1, num_classes))   # row ``buckets``: padding, stays 0
         self.bias = nn.Parameter(torch.zeros(num_classes))
         self.register_buffer("scale", torch.ones(buckets + 1))              # naive-Bayes ratios per slot
 
     def slots(self, tokens: Tensor) -> Tensor:
-        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.orders, self.buckets)
+        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.orders, self.buckets, self.kinds)
 
     @torch.no_grad()
     def token_contributions(self, ids: list[int], direction: Tensor) -> np.ndarray:
@@ -89,17 +152,17 @@ class NgramBag(nn.Module):
         The branch is a sum over distinct slots, so this is exact: a slot's value is split equally
         over the tokens of all its occurrences (an n-gram seen twice counts once, as in ``forward``).
         """
-        by_order = ngram_slots_by_order(torch.tensor([ids]), self.pad_id, self.vocab_size, self.orders, self.buckets)
+        per_family = family_slots(torch.tensor([ids]), self.pad_id, self.vocab_size, self.buckets, self.kinds)
         value = (self.weight.float() @ direction.float().cpu()) * self.scale.float()   # (buckets + 1,)
-        occurrences: dict[int, list[tuple[int, int]]] = {}
-        for n, slots in enumerate(by_order, start=1):
+        occurrences: dict[int, list[list[int]]] = {}   # slot -> the token positions of each occurrence
+        for family, slots in zip(self.kinds, per_family):
             for start, slot in enumerate(slots[0].tolist()):
                 if slot != self.buckets:
-                    occurrences.setdefault(slot, []).append((start, n))
+                    occurrences.setdefault(slot, []).append([start + o for o in family.offsets])
         shares = np.zeros(len(ids))
         for slot, where in occurrences.items():
-            for start, n in where:
-                shares[start : start + n] += float(value[slot]) / (len(where) * n)
+            for positions in where:
+                shares[positions] += float(value[slot]) / (len(where) * len(positions))
         return shares
 
     def forward(self, tokens: Tensor) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import statistics
 import subprocess
@@ -140,9 +142,22 @@ def test_ablation_chain_differs_at_every_step_and_each_variant_trains_as_configu
 def test_ngram_branch_scores_each_variant_alone(unlabelled_data, tmp_path):
     from experiments.ngram_branch import main as branch_main
 
-    argv = ["--data", str(unlabelled_data), "--variants", "200:64", "200:64:self", "--results", str(tmp_path)]
+    argv = ["--data", str(unlabelled_data), "--variants", "vocab=200,len=64,buckets=1009",
+            "vocab=200,len=64,buckets=1009,self,skip,tail=8", "--results", str(tmp_path)]
     assert branch_main(argv) == 0
     rows = json.loads((tmp_path / "ngram_branch.json").read_text())["rows"]
-    assert [(r["max_len"], r["self_train"], r["unlabelled"]) for r in rows] == [(64, False, 0), (64, True, 600)]
+    assert [(r["len"], r["self"], r["unlabelled"]) for r in rows] == [(64, False, 0), (64, True, 600)]
+    assert [r["features"] for r in rows] == ["1-3-grams", "1-3-grams, skip-bigrams, 1-3-grams of the last 8 tokens"]
     assert all(0.5 < r["test_accuracy"] <= 1 and 0.5 < r["val_accuracy"] <= 1 for r in rows)
-    assert f"| {rows[1]['vocab']} | 64 | 600 unlabelled |" in (tmp_path / "ngram_branch.md").read_text()
+    table = (tmp_path / "ngram_branch.md").read_text()
+    assert f"| 1,009 | {rows[1]['vocab']} | 64 | 600 unlabelled |" in table
+
+
+def test_ngram_branch_variants_are_checked():
+    from experiments.ngram_branch import PLAIN, parse_variant
+
+    assert parse_variant("") == PLAIN
+    assert parse_variant("skip,tail=60,buckets=7")["skip"] and parse_variant("tail=60")["tail"] == 60
+    for bad in ("skip=1", "tail", "colour=3", "len=x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_variant(bad)

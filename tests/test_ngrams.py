@@ -13,21 +13,51 @@ import torch
 from classify.engine import files
 from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
-from classify.ngrams import (NgramBag, bag_logits, feature_matrix, fit_mix, fit_ngram_bag, ngram_ids,
-                             self_train_ngram_bag)
+from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_mix, fit_ngram_bag,
+                             ngram_ids, self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
+HEAD, TAIL = 4, 5   # the families' sizes in these tests (the default model's are 30 and 60)
 
 
-def expected_slots(ids: list[int], orders: int = 3) -> set[int]:
+def expected_slots(ids: list[int], orders: int = 3, skip_bigrams: bool = False, head: int = 0,
+                   tail: int = 0) -> set[int]:
     """The slots of one unpadded review, computed one n-gram at a time (the definition)."""
     base = VOCAB + 1
+
+    def slot(positions: list[int], family: Family) -> int:
+        code = sum((ids[p] + 1) * base ** k for k, p in enumerate(positions))
+        return (code % BUCKETS + family.salt(BUCKETS)) % BUCKETS
+
     slots = set()
     for n in range(1, orders + 1):
         for i in range(len(ids) - n + 1):
-            code = sum((ids[i + k] + 1) * base ** k for k in range(n))
-            slots.add(code % BUCKETS)
+            slots.add(slot(list(range(i, i + n)), Family(tuple(range(n)))))
+            if i + n <= head:                                   # wholly within the first ``head`` tokens
+                slots.add(slot(list(range(i, i + n)), Family(tuple(range(n)), "head", head)))
+            if i >= len(ids) - tail:                            # wholly within the last ``tail`` tokens
+                slots.add(slot(list(range(i, i + n)), Family(tuple(range(n)), "tail", tail)))
+    if skip_bigrams:
+        slots |= {slot([i, i + 2], Family((0, 2))) for i in range(len(ids) - 2)}
     return slots
+
+
+def test_plain_ngrams_hash_as_before_the_other_families():
+    # Run folders fitted before the families existed must give the same slots: no salt on plain n-grams.
+    assert all(f.salt(BUCKETS) == 0 for f in families(3))
+    assert len({f.salt(BUCKETS) for f in families(3, True, HEAD, TAIL)}) == 1 + 1 + 3 + 3
+    assert expected_slots([7], orders=1) == {8}   # one token: its id + 1
+
+
+def test_every_family_sees_its_ngrams_once_and_never_padding():
+    reviews = [[5, 6, 7, 5, 6, 9, 9, 2, 3], [9], [3, 3, 3, 3], list(range(1, 14))]
+    kinds = families(3, skip_bigrams=True, head=HEAD, tail=TAIL)
+    for length in (None, 20):   # padded to the longest review, and further
+        slots = ngram_ids(pad_batch(reviews, 0, length=length), 0, VOCAB, 3, BUCKETS, kinds)
+        for row, review in zip(slots, reviews):
+            present = row[row != BUCKETS].tolist()
+            assert len(present) == len(set(present))
+            assert set(present) == expected_slots(review, 3, True, HEAD, TAIL)
 
 
 def test_slots_are_every_ngram_once_and_never_padding():
@@ -46,9 +76,11 @@ def test_slots_are_every_ngram_once_and_never_padding():
 @pytest.mark.slow
 def test_hashing_is_the_same_in_another_process():
     tokens = torch.randint(1, VOCAB, (4, 30), generator=torch.Generator().manual_seed(0))
-    here = ngram_ids(tokens, 0, VOCAB, 3, BUCKETS).tolist()
-    code = ("import json, sys, torch; from classify.ngrams import ngram_ids; "
-            f"t = torch.tensor({tokens.tolist()}); print(json.dumps(ngram_ids(t, 0, {VOCAB}, 3, {BUCKETS}).tolist()))")
+    tokens[1, 20:] = 0
+    here = ngram_ids(tokens, 0, VOCAB, 3, BUCKETS, families(3, True, HEAD, TAIL)).tolist()
+    code = ("import json, sys, torch; from classify.ngrams import families, ngram_ids; "
+            f"t = torch.tensor({tokens.tolist()}); "
+            f"print(json.dumps(ngram_ids(t, 0, {VOCAB}, 3, {BUCKETS}, families(3, True, {HEAD}, {TAIL})).tolist()))")
     there = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert here == there
 
@@ -56,7 +88,8 @@ def test_hashing_is_the_same_in_another_process():
 def branch_model(seed: int = 0) -> Classifier:
     torch.manual_seed(seed)
     model = Classifier(vocab_size=VOCAB, num_classes=2, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64,
-                       dropout=0.0, ngram_orders=3, ngram_buckets=BUCKETS).eval()
+                       dropout=0.0, ngram_orders=3, ngram_buckets=BUCKETS, ngram_skip_bigrams=True, ngram_head=HEAD,
+                       ngram_tail=TAIL).eval()
     with torch.no_grad():  # a non-trivial branch and mix, so that a wrong slot would show
         model.ngram.weight.normal_()
         model.ngram.weight[BUCKETS] = 0
@@ -156,10 +189,15 @@ def test_branch_weights_round_trip_and_older_configs_load_without_a_branch(tmp_p
     old = {k: v for k, v in model.config.to_dict().items() if not k.startswith("ngram")}
     plain = Classifier(ClassifierConfig.from_dict(old))
     assert plain.ngram is None and "mix" not in plain.state_dict()
+    # One written before the other families existed has a branch of plain 1..N-grams.
+    before = {k: v for k, v in model.config.to_dict().items() if k not in ("ngram_skip_bigrams", "ngram_head",
+                                                                          "ngram_tail")}
+    assert Classifier(ClassifierConfig.from_dict(before)).ngram.kinds == families(3)
 
 
-def test_token_contributions_add_up_to_the_branch_logit_difference():
-    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+@pytest.mark.parametrize("extra", [{}, {"skip_bigrams": True, "head": HEAD, "tail": TAIL}])
+def test_token_contributions_add_up_to_the_branch_logit_difference(extra):
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, **extra)
     with torch.no_grad():
         bag.weight.normal_()
         bag.scale.uniform_(0.5, 2.0)

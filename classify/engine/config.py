@@ -98,7 +98,11 @@ MODEL_SETTINGS = {
     "ngram_orders": Setting("n-gram branch over word 1..N-grams (classify.ngrams), fitted as a naive-Bayes-weighted "
                             "logistic regression before training and mixed with the transformer on validation; "
                             "0 = the pure transformer (Bloem's model)"),
-    "ngram_buckets": Setting("hash slots of the n-gram branch"),
+    "ngram_buckets": Setting("hash slots of the n-gram branch (a prime spreads the n-grams evenly)"),
+    "ngram_skip_bigrams": Setting("the n-gram branch also reads pairs of tokens one apart (\"not * good\")"),
+    "ngram_head": Setting("the n-gram branch also reads the n-grams of a review's first N tokens as features of "
+                          "their own; 0 = not"),
+    "ngram_tail": Setting("the same for a review's last N tokens, where reviews tend to give their verdict"),
 }
 
 
