@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -98,7 +99,7 @@ def test_metrics(run: Path) -> dict | None:
 def experiment_meta(prog: str, argv: list[str]) -> dict:
     """What every experiment records about its own run: command, date, machine (and whether its CPU
     has bf16, which ``--precision auto`` follows) and its load."""
-    return {"command": " ".join([f"python -m {prog}", *argv]),
+    return {"command": f"python -m {prog} {shlex.join(argv)}".rstrip(),   # quoted: it can be pasted back
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "bf16": bf16_supported(torch.device("cpu")),
