@@ -38,7 +38,8 @@ from .text.batching import pad_batch
 
 # The n-gram's ids are digits in base (vocab_size + 1); three of them must fit an int64.
 MAX_VOCAB = 2_097_150
-# Hash slots of a branch (a prime: spreads the n-gram codes evenly).
+# Hash slots of a branch built without a size (a prime: spreads the n-gram codes evenly). Enough for plain
+# 1-3-grams; classify.train's recipe, with more families, asks for 16.8M (train.NGRAM).
 DEFAULT_BUCKETS = 4_194_301
 
 
