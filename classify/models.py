@@ -111,6 +111,13 @@ class ClassifierConfig(_Config):
                              f"{self.ngram_orders}, {self.ngram_head}, {self.ngram_tail} and {self.ngram_buckets}")
 
 
+def ngram_branch(c: ClassifierConfig, orders: int | None = None) -> NgramBag:
+    """The n-gram branch ``c`` describes, unfitted; ``orders`` instead of ``c.ngram_orders`` builds it for a
+    model without one (``classify.train``'s teacher for a pure transformer)."""
+    return NgramBag(c.vocab_size, c.num_classes, orders or c.ngram_orders, c.ngram_buckets, c.pad_id,
+                    c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail)
+
+
 class Classifier(nn.Module):
     """Encoder-only sequence classifier (Bloem, "Transformers from scratch").
 
@@ -131,9 +138,7 @@ class Classifier(nn.Module):
         self.head = nn.Linear(c.d_model, c.num_classes)
         _init_weights(self)
         # After the Xavier initialisation: the bag starts at zero and is fitted, not trained.
-        self.ngram = (NgramBag(c.vocab_size, c.num_classes, c.ngram_orders, c.ngram_buckets, c.pad_id,
-                               c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail)
-                      if c.ngram_orders else None)
+        self.ngram = ngram_branch(c) if c.ngram_orders else None
         if self.ngram is not None:
             self.ngram.requires_grad_(False)
         self.register_buffer("mix", torch.tensor([1.0, 0.0]) if self.ngram is not None else None)

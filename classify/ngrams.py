@@ -116,14 +116,12 @@ def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kin
     return out
 
 
-def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, orders: int, buckets: int,
-              kinds: list[Family] | None = None) -> Tensor:
-    """tokens (B, T) -> hashed n-gram slots (B, L), L = the positions of all families (default: orders 1..``orders``).
+def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family]) -> Tensor:
+    """tokens (B, T) -> hashed n-gram slots (B, L), L = the positions of all ``kinds`` (see ``families``).
 
     Each row holds every distinct slot once, sorted; the rest of the row is ``buckets`` (the
     padding slot). Padding tokens never enter an n-gram.
     """
-    kinds = kinds if kinds is not None else families(orders)
     slots = torch.cat(family_slots(tokens, pad_id, vocab_size, buckets, kinds), dim=1).sort(dim=1).values
     repeated = torch.zeros_like(slots, dtype=torch.bool)
     repeated[:, 1:] = slots[:, 1:] == slots[:, :-1]
@@ -138,14 +136,14 @@ class NgramBag(nn.Module):
         super().__init__()
         if not 0 < vocab_size <= MAX_VOCAB:
             raise ValueError(f"the n-gram branch supports vocabularies up to {MAX_VOCAB}, got {vocab_size}")
-        self.vocab_size, self.orders, self.buckets, self.pad_id = vocab_size, orders, buckets, pad_id
+        self.vocab_size, self.buckets, self.pad_id = vocab_size, buckets, pad_id
         self.kinds = families(orders, skip_bigrams, head, tail)
         self.weight = nn.Parameter(torch.zeros(buckets + 1, num_classes))   # row ``buckets``: padding, stays 0
         self.bias = nn.Parameter(torch.zeros(num_classes))
         self.register_buffer("scale", torch.ones(buckets + 1))              # naive-Bayes ratios per slot
 
     def slots(self, tokens: Tensor) -> Tensor:
-        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.orders, self.buckets, self.kinds)
+        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds)
 
     @torch.no_grad()
     def token_contributions(self, ids: list[int], direction: Tensor) -> np.ndarray:

@@ -35,8 +35,8 @@ from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, encode_reviews, logits_ids, predict_ids, softmax
-from .models import Classifier, ClassifierConfig
-from .ngrams import NgramBag, describe, fit_mix, self_train_ngram_bag
+from .models import Classifier, ClassifierConfig, ngram_branch
+from .ngrams import describe, fit_mix, self_train_ngram_bag
 from .text.batching import Collate
 from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
@@ -237,14 +237,11 @@ def prepare(run: RunFolder, model: Classifier, config: TrainConfig, train_ids: l
     unlabelled reviews) and label the unlabelled reviews for ``--pseudo-labels`` (kept in the run folder).
     Returns those labels (empty without pseudo-labels)."""
     given: list[int] = []
-    c = model.config
     if model.ngram is not None or (config.pseudo_labels and unlabelled_ids):
         t = time.monotonic()
         # Without a branch in the model (--ngram-orders 0), the branch the flags describe, with the default orders,
         # is fitted as a teacher only, then dropped.
-        bag = (model.ngram if model.ngram is not None
-               else NgramBag(c.vocab_size, c.num_classes, NGRAM["ngram_orders"], c.ngram_buckets, c.pad_id,
-                             c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail))
+        bag = model.ngram if model.ngram is not None else ngram_branch(model.config, NGRAM["ngram_orders"])
         refit = model.ngram is not None and config.ngram_self_train
         given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=refit)
         what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if refit else "")

@@ -53,7 +53,7 @@ def test_every_family_sees_its_ngrams_once_and_never_padding():
     reviews = [[5, 6, 7, 5, 6, 9, 9, 2, 3], [9], [3, 3, 3, 3], list(range(1, 14))]
     kinds = families(3, skip_bigrams=True, head=HEAD, tail=TAIL)
     for length in (None, 20):   # padded to the longest review, and further
-        slots = ngram_ids(pad_batch(reviews, 0, length=length), 0, VOCAB, 3, BUCKETS, kinds)
+        slots = ngram_ids(pad_batch(reviews, 0, length=length), 0, VOCAB, BUCKETS, kinds)
         for row, review in zip(slots, reviews):
             present = row[row != BUCKETS].tolist()
             assert len(present) == len(set(present))
@@ -62,13 +62,13 @@ def test_every_family_sees_its_ngrams_once_and_never_padding():
 
 def test_slots_are_every_ngram_once_and_never_padding():
     reviews = [[5, 6, 7, 5, 6], [9], [3, 3, 3, 3]]
-    slots = ngram_ids(pad_batch(reviews, 0), pad_id=0, vocab_size=VOCAB, orders=3, buckets=BUCKETS)
+    slots = ngram_ids(pad_batch(reviews, 0), pad_id=0, vocab_size=VOCAB, buckets=BUCKETS, kinds=families(3))
     for row, review in zip(slots, reviews):
         present = row[row != BUCKETS].tolist()
         assert len(present) == len(set(present))            # each slot once (binary features)
         assert set(present) == expected_slots(review)       # every 1-3-gram, none with padding
     # Padding the same review further changes nothing.
-    longer = ngram_ids(pad_batch(reviews, 0, length=12), 0, VOCAB, 3, BUCKETS)
+    longer = ngram_ids(pad_batch(reviews, 0, length=12), 0, VOCAB, BUCKETS, families(3))
     for a, b in zip(slots, longer):
         assert set(a[a != BUCKETS].tolist()) == set(b[b != BUCKETS].tolist())
 
@@ -77,10 +77,10 @@ def test_slots_are_every_ngram_once_and_never_padding():
 def test_hashing_is_the_same_in_another_process():
     tokens = torch.randint(1, VOCAB, (4, 30), generator=torch.Generator().manual_seed(0))
     tokens[1, 20:] = 0
-    here = ngram_ids(tokens, 0, VOCAB, 3, BUCKETS, families(3, True, HEAD, TAIL)).tolist()
+    here = ngram_ids(tokens, 0, VOCAB, BUCKETS, families(3, True, HEAD, TAIL)).tolist()
     code = ("import json, sys, torch; from classify.ngrams import families, ngram_ids; "
             f"t = torch.tensor({tokens.tolist()}); "
-            f"print(json.dumps(ngram_ids(t, 0, {VOCAB}, 3, {BUCKETS}, families(3, True, {HEAD}, {TAIL})).tolist()))")
+            f"print(json.dumps(ngram_ids(t, 0, {VOCAB}, {BUCKETS}, families(3, True, {HEAD}, {TAIL})).tolist()))")
     there = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert here == there
 
