@@ -230,22 +230,23 @@ def bag_logits(bag: NgramBag, ids: list[list[int]], batch_size: int = 512) -> Te
 
 
 def self_train_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int], unlabelled: list[list[int]],
-                         c: float, refit: bool = True) -> list[int]:
+                         c: float, refit: bool = True) -> np.ndarray:
     """Fit the bag on labelled reviews, label ``unlabelled`` with that fit (its most likely class), and, with
-    ``refit``, fit again on all of them (self-training); returns the labels given. Naive-Bayes scales are
-    recomputed from both."""
+    ``refit``, fit again on all of them (self-training). Naive-Bayes scales are recomputed from both.
+
+    Returns the first fit's class probabilities for the unlabelled reviews, (N, C) float32."""
     import scipy.sparse as sp
 
     features, y = feature_matrix(bag, ids), np.asarray(labels)
     _fit_features(bag, features, y, c)
     if not unlabelled:
-        return []
-    given = bag_logits(bag, unlabelled).argmax(dim=1).tolist()
+        return np.zeros((0, bag.weight.shape[1]), dtype=np.float32)
+    probs = torch.softmax(bag_logits(bag, unlabelled).double(), dim=1).float().numpy()
     if refit:
         # The labelled reviews' features are built once and reused for the second fit.
         _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
-                      np.concatenate([y, np.asarray(given, dtype=y.dtype)]), c)
-    return given
+                      np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c)
+    return probs
 
 
 def fit_mix(parts: np.ndarray, labels: list[int]) -> tuple[float, float]:

@@ -132,6 +132,13 @@ def test_baseline_takes_the_c_most_accurate_on_validation(parquet_data):
     for no_validation in (None, val.subset([])):
         with pytest.raises(ValueError, match="needs validation"):
             fit_baseline(train, no_validation, (1.0, 3.0))
+    # refit: the C chosen as above, then the pipeline fitted on train and validation together.
+    refitted = fit_baseline(train, val, (0.001, 1.0, 100.0), refit=True)
+    assert refitted.c == fitted.c and refitted.model[-1].C == fitted.c
+    words = refitted.model[0].vocabulary_
+    assert set(fitted.model[0].vocabulary_) < set(words)   # the validation reviews' words are in it now
+    alone = fit_baseline(val.subset(range(len(val))), None, (fitted.c,))
+    assert set(alone.model[0].vocabulary_) <= set(words)
 
 
 def test_labelled_file_limit_and_no_matplotlib(trained_run, tmp_path, capsys, monkeypatch):

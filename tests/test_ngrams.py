@@ -156,8 +156,9 @@ def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_t
     plain = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
     fit_ngram_bag(plain, ids, labels, c=1.0)
     bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
-    given = self_train_ngram_bag(bag, ids, labels, unlabelled, c=1.0)
-    assert given == [1] * 40 + [0] * 40              # labelled by the first fit
+    probs = self_train_ngram_bag(bag, ids, labels, unlabelled, c=1.0)
+    assert probs.shape == (80, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
+    assert probs.argmax(1).tolist() == [1] * 40 + [0] * 40    # labelled by the first fit
     def margins(b):   # what each new word alone adds to logit(good) - logit(bad), the bias left out
         logits = bag_logits(b, [[new_good], [new_bad]]) - b.bias
         return (logits[:, 1] - logits[:, 0]).tolist()
@@ -165,7 +166,7 @@ def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_t
     (before_good, before_bad), (after_good, after_bad) = margins(plain), margins(bag)
     assert abs(before_good) < 0.01 and abs(before_bad) < 0.01   # unseen by the plain fit (up to hash collisions)
     assert after_good > 0.1 and after_bad < -0.1
-    assert self_train_ngram_bag(bag, ids, labels, [], c=1.0) == []
+    assert self_train_ngram_bag(bag, ids, labels, [], c=1.0).shape == (0, 2)
 
 
 def test_fit_mix_finds_the_weights_that_generated_the_labels():

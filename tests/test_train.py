@@ -6,16 +6,24 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from conftest import TINY_MODEL_ARGS, write_csv, write_jsonl
 from safetensors.torch import load_file
 
 import classify.engine.files as files
 import classify.engine.loop as loop
 from classify.engine.files import read_jsonl, save_tensors
-from classify.engine.runfolder import FORMAT_VERSION
-from classify.errors import run_cli
-from classify.train import main
+from classify.engine.runfolder import FORMAT_VERSION, RunFolder
+from classify.errors import ClassifyError, run_cli
+from classify.inference import encode_reviews, load_run
+from classify.models import Classifier, ClassifierConfig, ngram_branch
+from classify.ngrams import bag_logits, fit_ngram_bag
+from classify.text.batching import Collate
+from classify.text.data import training_split
+from classify.train import ClassificationTask, TrainConfig, main, training_targets
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
              "last/state.json"]
@@ -199,6 +207,75 @@ def test_unlabelled_reviews_labelled_by_the_ngram_model_train_the_transformer_to
     # One epoch, 16 reviews a batch: 320 labelled reviews, or those and the 600 unlabelled ones.
     assert (steps["plain"], steps["pseudo"], steps["pure"]) == (20, 58, 58)
     assert "ngram.weight" not in load_file(str(tmp_path / "pure" / "model.safetensors"))  # the teacher is not kept
+
+
+def test_soft_labels_put_the_teachers_probabilities_into_the_loss():
+    labels, given = [1, 0], np.array([[0.3, 0.7], [0.9, 0.1]], dtype=np.float32)
+    assert training_targets(labels, given, soft=False) == [1, 0, 1, 0]   # the teacher's most likely class
+    targets = training_targets(labels, given, soft=True)
+    expected = np.array([[0, 1], [1, 0], [0.3, 0.7], [0.9, 0.1]], np.float32)   # one-hot, then the teacher's
+    np.testing.assert_array_equal(targets, expected)
+    assert training_targets(labels, given[:0], soft=True) == [1, 0]
+
+    model = Classifier(vocab_size=16, num_classes=2, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=8).eval()
+    ids = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
+    task = ClassificationTask(model, ids, targets, [], [], TrainConfig(data="unused"), torch.device("cpu"), None)
+    batch = task.collate([2, 0, 3])
+    assert batch["labels"].dtype == torch.float32 and batch["labels"].shape == (3, 2)
+    loss, sums = task.loss(model, batch)
+    expected = -(batch["labels"] * F.log_softmax(model(batch["tokens"]), -1)).sum(-1).mean()
+    torch.testing.assert_close(loss, expected)
+    predicted = model(batch["tokens"]).argmax(-1)
+    assert sums["correct"] == float((predicted == torch.tensor([1, 1, 0])).sum())  # against each target's argmax
+    hard = Collate(ids, [1, 0, 1, 0])([2, 0])["labels"]
+    assert hard.dtype == torch.long and hard.tolist() == [1, 1]
+
+
+def test_soft_labelled_run_keeps_the_probabilities_and_older_label_files_still_read(unlabelled_data, tmp_path):
+    out = tmp_path / "soft"
+    assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "2", "--no-test",
+                 "--soft-labels", *TINY_MODEL_ARGS]) == 0
+    saved = json.loads((out / "pseudo_labels.json").read_text())
+    probs = np.asarray(saved["probabilities"], dtype=np.float32)
+    assert probs.shape == (600, 2) and np.allclose(probs.sum(1), 1, atol=1e-5) and (probs.max(1) < 1).any()
+    assert saved["labels"] == probs.argmax(1).tolist()
+    run = RunFolder(out, "classifier")
+    np.testing.assert_array_equal(run.pseudo_labels(2), probs)   # bit for bit: a resumed run trains on the same
+    (out / "pseudo_labels.json").write_text('{"teacher": "n-gram branch, first fit", "count": 3, "labels": [1, 0, 1]}')
+    np.testing.assert_array_equal(run.pseudo_labels(2), [[0, 1], [1, 0], [0, 1]])   # an older run's file
+    (out / "pseudo_labels.json").write_text('{"labels": [1, 0, 2]}')
+    with pytest.raises(ClassifyError, match="is damaged"):
+        run.pseudo_labels(2)
+
+
+def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_first_fits_logits(parquet_data,
+                                                                                                  tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "2", *TINY_MODEL_ARGS]) == 0
+    run = load_run(out, torch.device("cpu"))
+    config = run.config["train"]
+    train, val = training_split(config["data"], config["val_size"], config["seed"], split=config["split"])
+    encode = lambda texts: encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
+
+    def fitted_on(texts, labels):
+        bag = ngram_branch(run.model.config)
+        fit_ngram_bag(bag, encode(texts), labels, config["ngram_c"])
+        return bag_logits(bag, encode(val.texts)).numpy()
+
+    held_out = RunFolder(out, "classifier").branch_validation(len(val), 2)
+    np.testing.assert_allclose(held_out, fitted_on(train.texts, train.labels), atol=1e-4)   # the first fit's
+    kept = bag_logits(run.model.ngram, encode(val.texts)).numpy()
+    np.testing.assert_allclose(kept, fitted_on(train.texts + val.texts, train.labels + val.labels), atol=1e-4)
+    # The mix and its validation scores come from the held-out logits, not from the branch that saw the reviews.
+    mix = json.loads((out / "test_metrics.json").read_text())
+    assert mix["val_accuracy"]["ngram"] == float((held_out.argmax(1) == np.asarray(val.labels)).mean())
+
+    assert main(["--data", str(parquet_data), "--output", str(tmp_path / "plain"), "--max-steps", "2", "--no-test",
+                 "--no-ngram-refit", *TINY_MODEL_ARGS]) == 0
+    assert not (tmp_path / "plain" / "branch_validation.json").exists()
+    (out / "branch_validation.json").write_text('{"count": 2, "logits": [[0, 1], [1, 0]]}')
+    with pytest.raises(ClassifyError, match="is damaged or from another split"):
+        RunFolder(out, "classifier").branch_validation(len(val), 2)
 
 
 def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, tmp_path, capsys):

@@ -11,7 +11,9 @@ A run folder (Hugging Face style)::
         optimizer-<step>.safetensors  optimizer tensors (flattened state dict)
         state.json                    names those files; step, epoch, scheduler, RNG, best metric, ...
       metrics.jsonl       one JSON line per evaluation
-      pseudo_labels.json  the labels a teacher gave the unlabelled reviews the run also trains on (if any)
+      pseudo_labels.json  the class probabilities a teacher gave the unlabelled reviews the run also trains on
+      branch_validation.json  the n-gram branch's validation logits from its fit on the training part alone,
+                          kept when the model's branch is fitted again on all labelled reviews
       test_metrics.json   one evaluation of the best model on the test split
       .lock               held (flock) by the process writing the run; holds its pid for the message
 
@@ -34,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from tokenizers import Tokenizer
@@ -52,6 +55,7 @@ LAST = "last"
 METRICS = "metrics.jsonl"
 TEST_METRICS = "test_metrics.json"
 PSEUDO_LABELS = "pseudo_labels.json"
+BRANCH_VALIDATION = "branch_validation.json"
 LOCK = ".lock"
 
 
@@ -253,21 +257,55 @@ class RunFolder:
             write_text(self.path / METRICS, "".join(json.dumps(r) + "\n" for r in kept))
         return state
 
-    def save_pseudo_labels(self, labels: list[int], teacher: str) -> None:
-        """The labels ``teacher`` gave the unlabelled reviews, in their order: a resumed run trains on the very
-        same data without fitting the teacher again."""
+    def save_pseudo_labels(self, probs: np.ndarray, teacher: str) -> None:
+        """The class probabilities (N, C) ``teacher`` gave the unlabelled reviews, in their order, and each one's
+        most likely class: a resumed run trains on the very same targets without fitting the teacher again.
+        float32 values are written exactly (JSON keeps a float64 repr), so they read back bit for bit."""
+        probs = np.asarray(probs, dtype=np.float32)
         with self._writing(PSEUDO_LABELS):
-            write_json(self.path / PSEUDO_LABELS, {"teacher": teacher, "count": len(labels), "labels": labels})
+            write_json(self.path / PSEUDO_LABELS, {"teacher": teacher, "count": len(probs),
+                                                   "labels": probs.argmax(1).tolist(), "probabilities": probs.tolist()})
 
-    def pseudo_labels(self) -> list[int] | None:
-        """The labels ``save_pseudo_labels`` kept, or None if the run has none."""
+    def pseudo_labels(self, num_classes: int) -> np.ndarray | None:
+        """The probabilities ``save_pseudo_labels`` kept, (N, C) float32, or None if the run has none. A file
+        of an older run holds the labels alone: each becomes a one-hot row."""
         if not (self.path / PSEUDO_LABELS).exists():
             return None
         data = read_json(self.path / PSEUDO_LABELS, "pseudo-labels")
-        labels = data.get("labels") if isinstance(data, dict) else None
-        if not isinstance(labels, list):
-            raise ClassifyError(f"{self.path / PSEUDO_LABELS} is damaged: it holds no list of labels")
-        return labels
+        data = data if isinstance(data, dict) else {}
+        try:
+            if "probabilities" in data:
+                probs = np.asarray(data["probabilities"], dtype=np.float32)
+                if probs.ndim == 2 and probs.shape[1] == num_classes:
+                    return probs
+            else:
+                labels = np.asarray(data["labels"], dtype=np.int64)
+                if labels.ndim == 1 and ((labels >= 0) & (labels < num_classes)).all():
+                    return np.eye(num_classes, dtype=np.float32)[labels]
+        except (KeyError, TypeError, ValueError):
+            pass
+        raise ClassifyError(f"{self.path / PSEUDO_LABELS} is damaged: it holds no list of labels or probabilities")
+
+    def save_branch_validation(self, logits: np.ndarray) -> None:
+        """The n-gram branch's logits (N, C) for the validation reviews, from a fit that has not seen them: the
+        mix is chosen on these after the model's branch is fitted again on all labelled reviews."""
+        with self._writing(BRANCH_VALIDATION):
+            write_json(self.path / BRANCH_VALIDATION, {"count": len(logits),
+                                                       "logits": np.asarray(logits, dtype=np.float32).tolist()})
+
+    def branch_validation(self, count: int, num_classes: int) -> np.ndarray | None:
+        """The logits ``save_branch_validation`` kept, (count, C) float32, or None if the run has none."""
+        if not (self.path / BRANCH_VALIDATION).exists():
+            return None
+        data = read_json(self.path / BRANCH_VALIDATION, "branch validation logits")
+        try:
+            logits = np.asarray(data["logits"], dtype=np.float32)
+        except (KeyError, TypeError, ValueError):
+            logits = None
+        if logits is None or logits.shape != (count, num_classes):
+            raise ClassifyError(f"{self.path / BRANCH_VALIDATION} is damaged or from another split: it does not "
+                                f"hold {num_classes} logits for each of the {count} validation reviews")
+        return logits
 
     def write_test_metrics(self, metrics: dict[str, Any]) -> None:
         with self._writing(TEST_METRICS):

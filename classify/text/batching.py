@@ -103,15 +103,18 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int |
 
 
 class Collate:
-    """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels": (B,)`` when the
-    examples have labels. A class, not a closure, so DataLoader workers can pickle it."""
+    """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels"`` when the examples
+    have them: (B,) class ids, or (B, C) target distributions when ``labels`` is an (N, C) float array. A
+    class, not a closure, so DataLoader workers can pickle it."""
 
-    def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | None = None, pad_id: int = 0,
-                 pad_to: int | None = None):
+    def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray | None = None,
+                 pad_id: int = 0, pad_to: int | None = None):
         self.ids, self.labels, self.pad_id, self.pad_to = ids, labels, pad_id, pad_to
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to)}
-        if self.labels is not None:
+        if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
+            batch["labels"] = torch.from_numpy(self.labels[indices])
+        elif self.labels is not None:
             batch["labels"] = torch.tensor([self.labels[i] for i in indices], dtype=torch.long)
         return batch
