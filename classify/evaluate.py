@@ -244,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate a seeded random sample of N reviews (quick looks)")
     p.add_argument("--baseline", nargs="*", choices=sorted(BASELINES), metavar="KIND",
                    help="also train bag-of-n-grams baselines on the run's training split (C chosen on its validation "
-                        "split) and compare: tfidf (TF-IDF 1-2 grams + logistic regression), nbsvm (naive-Bayes-"
-                        "weighted 1-3 grams + logistic regression); the flag alone trains both")
+                        "split; then fitted on both if the run's n-gram branch was, --ngram-refit) and compare: "
+                        "tfidf (TF-IDF 1-2 grams + logistic regression), nbsvm (naive-Bayes-weighted 1-3 grams + "
+                        "logistic regression); the flag alone trains both")
     p.add_argument("--train-data", help="where the run's training data is now, for --baseline (default: the "
                                         "source in the run's config.json)")
     p.add_argument("--bins", type=int, default=10, help="equal-width bins for ECE and the reliability curve")
