@@ -82,7 +82,8 @@ def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, 
             full = model(tokens[:1]).float()[0]
             slope = -torch.cat([full[:target], full[target + 1:]]).softmax(dim=0)
             direction = torch.cat([slope[:target], torch.ones(1, device=slope.device), slope[target:]])
-        scores = scores + float(model.mix[1]) * model.ngram.token_contributions(ids, direction)
+        weight = float(model.mix_weights(torch.tensor([len(ids)]))[0, 1])   # the branch's weight at this length
+        scores = scores + weight * model.ngram.token_contributions(ids, direction)
     return scores
 
 

@@ -22,7 +22,7 @@ from .engine.device import autocast, to_device
 from .engine.files import load_model_weights
 from .engine.runfolder import CONFIG, TOKENIZER, WEIGHTS, read_model_config
 from .errors import ClassifyError
-from .models import Classifier, ClassifierConfig
+from .models import BranchLogits, Classifier, ClassifierConfig
 from .text.batching import BucketBatchSampler, pad_batch
 from .text.data import normalize
 from .text.tokenize import encode, load_tokenizer, truncate
@@ -90,32 +90,54 @@ def open_run(model: str | None, device: torch.device, dtype: torch.dtype | None,
     return run
 
 
-@torch.inference_mode()
-def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-               batch_size: int = 64, progress=None, parts: bool = False, max_tokens: int | None = None) -> np.ndarray:
-    """Token id lists -> logits (N, C) in input order, batched by length; ``parts=True``: the
-    transformer's and the n-gram branch's logits apart, (2, N, C) (see ``Classifier.forward``).
-
-    ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
-    tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
-    """
+def _batched(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+             forward, batch_size: int, progress, max_tokens: int | None) -> list[np.ndarray]:
+    """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) tensors) over token id lists in length-bucketed
+    batches; its outputs for all N texts, in input order, as float32 arrays (N, ...)."""
     model.eval()
     pad_id = model.config.pad_id
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if x else [pad_id] for x in ids]
     sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
-    shape = (2, len(ids), model.config.num_classes) if parts else (len(ids), model.config.num_classes)
-    logits = np.zeros(shape, dtype=np.float32)
+    outputs: list[np.ndarray] = []
     done = 0
-    for indices in sampler:
-        tokens = pad_batch([ids[i] for i in indices], pad_id)
-        with autocast(device, dtype):
-            out = model(to_device(tokens, device), parts=True) if parts else model(to_device(tokens, device))
-        logits[..., indices, :] = out.float().cpu().numpy()
-        done += len(indices)
-        if progress is not None:
-            progress(done)
-    return logits
+    with torch.inference_mode():
+        for indices in sampler:
+            tokens = pad_batch([ids[i] for i in indices], pad_id)
+            with autocast(device, dtype):
+                out = forward(to_device(tokens, device))
+            for k, tensor in enumerate(out):
+                if len(outputs) <= k:
+                    outputs.append(np.zeros((len(ids), *tensor.shape[1:]), dtype=np.float32))
+                outputs[k][indices] = tensor.float().cpu().numpy()
+            done += len(indices)
+            if progress is not None:
+                progress(done)
+    return outputs
+
+
+def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+               batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
+    """Token id lists -> logits (N, C) in input order, batched by length.
+
+    ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
+    tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
+    """
+    if not ids:
+        return np.zeros((0, model.config.num_classes), dtype=np.float32)
+    return _batched(model, ids, device, dtype, lambda t: (model(t),), batch_size, progress, max_tokens)[0]
+
+
+def branch_logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
+                      batch_size: int = 64) -> BranchLogits:
+    """Token id lists -> each branch's logits before the mix (``models.BranchLogits`` of NumPy arrays: (N, C),
+    (N, C) or None without an n-gram branch, lengths (N,)), in input order."""
+    def forward(tokens):
+        parts = model.branches(tokens)
+        return (parts.transformer, parts.lengths) + ((parts.ngram,) if parts.ngram is not None else ())
+
+    out = _batched(model, ids, device, dtype, forward, batch_size, None, None)
+    return BranchLogits(out[0], out[2] if len(out) > 2 else None, out[1].astype(np.int64))
 
 
 def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,

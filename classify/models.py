@@ -1,7 +1,8 @@
 """The two models built on ``classify.core``.
 
 ``Classifier``  tokens (B, T) -> Embedding -> Encoder -> masked pooling -> Linear -> logits (B, C)
-                [+ a hashed n-gram bag over the same tokens, mixed in with two fitted weights]
+                [+ a hashed n-gram bag over the same tokens, mixed in with weights fitted on validation that
+                depend on the text's length]
 ``Transformer`` src (B, S), tgt (B, T) -> Encoder(src) = memory -> Decoder(tgt, memory) -> logits (B, T, V)
 
 Both are constructible from keyword arguments or from a config dataclass that
@@ -10,16 +11,17 @@ round-trips through JSON (``to_dict`` / ``from_dict``); checkpoints store the co
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_masks, padding_mask
+from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
 
-__all__ = ["ClassifierConfig", "Classifier", "TransformerConfig", "Transformer"]
+__all__ = ["ClassifierConfig", "Classifier", "BranchLogits", "RECIPE", "TransformerConfig", "Transformer"]
 
 
 # Fields of either config that count something and must be positive.
@@ -101,21 +103,47 @@ class ClassifierConfig(_Config):
     ngram_skip_bigrams: bool = False  # the branch also reads pairs of tokens one apart
     ngram_head: int = 0            # ... and, as features of their own, the n-grams of the first N tokens
     ngram_tail: int = 0            # ... and of the last N tokens
+    ngram_negation: int = 0        # ... and words up to N tokens after a negator as negated words (0 = off)
+    ngram_negators: list[int] = field(default_factory=list)  # token ids that open a negation scope
+    ngram_breaks: list[int] = field(default_factory=list)    # token ids that close one (punctuation, "but")
 
     def validate(self) -> None:
         super().validate()
         if self.pooling not in ("mean", "max", "first"):
             raise ValueError(f"pooling must be 'mean', 'max' or 'first', got {self.pooling!r}")
-        if self.ngram_orders < 0 or self.ngram_buckets < 1 or self.ngram_head < 0 or self.ngram_tail < 0:
-            raise ValueError(f"ngram_orders, ngram_head and ngram_tail must be >= 0 and ngram_buckets >= 1, got "
-                             f"{self.ngram_orders}, {self.ngram_head}, {self.ngram_tail} and {self.ngram_buckets}")
+        counts = (self.ngram_orders, self.ngram_head, self.ngram_tail, self.ngram_negation)
+        if min(counts) < 0 or self.ngram_buckets < 1:
+            raise ValueError(f"ngram_orders, ngram_head, ngram_tail and ngram_negation must be >= 0 and "
+                             f"ngram_buckets >= 1, got {', '.join(map(str, counts))} and {self.ngram_buckets}")
+
+
+# The model `python -m classify.train` builds (its flags default to these fields; ``ClassifierConfig``'s own
+# defaults are Bloem's pure transformer, the smallest model, which the tests build). The n-gram families beyond
+# plain 1-3-grams each add 0.1-0.3 points on IMDB test and need 16.8M slots to keep collisions rare; no dropout on
+# attention weights lets SDPA's fused CPU kernel apply (1.9-2.7x faster training); the negation scope of 4 words
+# is the classic marking of sentiment analysis (experiments/RESULTS.md). The negators and breaks are token ids:
+# ``classify.train`` looks them up in the tokenizer it builds (``text.tokenize.NEGATORS`` / ``CLAUSE_BREAKS``).
+RECIPE: dict[str, Any] = {"ngram_orders": 3, "ngram_buckets": 16_777_259, "ngram_skip_bigrams": True,
+                          "ngram_head": 30, "ngram_tail": 60, "ngram_negation": 4, "attention_dropout": 0.0}
 
 
 def ngram_branch(c: ClassifierConfig, orders: int | None = None) -> NgramBag:
     """The n-gram branch ``c`` describes, unfitted; ``orders`` instead of ``c.ngram_orders`` builds it for a
     model without one (``classify.train``'s teacher for a pure transformer)."""
     return NgramBag(c.vocab_size, c.num_classes, orders or c.ngram_orders, c.ngram_buckets, c.pad_id,
-                    c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail)
+                    c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail, c.ngram_negation,
+                    tuple(c.ngram_negators), tuple(c.ngram_breaks))
+
+
+class BranchLogits(NamedTuple):
+    """The classifier's logits before the mix: the transformer's (B, C), the n-gram branch's (B, C) or None
+    without a branch, and each text's length in real tokens (B,), which the mix reads."""
+
+    transformer: Tensor
+    ngram: Tensor | None
+    lengths: Tensor
+
+
 
 
 class Classifier(nn.Module):
@@ -124,9 +152,10 @@ class Classifier(nn.Module):
     ``Classifier(vocab_size=..., num_classes=2, d_model=..., num_heads=..., num_layers=...,
     d_ff=..., max_len=..., dropout=..., pad_id=0)`` or ``Classifier(config)``.
 
-    With ``ngram_orders > 0`` the logits are ``mix[0] * transformer + mix[1] * ngram``: ``mix``
-    starts at (1, 0), so training sees the transformer alone, and ``classify.ngrams`` /
-    ``classify.train`` fit the branch and the two weights (see ``mix_weights``).
+    With ``ngram_orders > 0`` the logits are ``w_t * transformer + w_n * ngram``, the two weights linear in
+    ``mix_features`` of the text's length (``mix``, (2 branches, 2 features)). ``mix`` starts at
+    ((1, 0), (0, 0)), so training sees the transformer alone, and ``classify.ngrams`` /
+    ``classify.train`` fit the branch and the mix (``ngrams.fit_mix``).
     """
 
     def __init__(self, config: ClassifierConfig | None = None, **kwargs: Any):
@@ -141,20 +170,36 @@ class Classifier(nn.Module):
         self.ngram = ngram_branch(c) if c.ngram_orders else None
         if self.ngram is not None:
             self.ngram.requires_grad_(False)
-        self.register_buffer("mix", torch.tensor([1.0, 0.0]) if self.ngram is not None else None)
+        self.register_buffer("mix", torch.tensor([[1.0, 0.0], [0.0, 0.0]]) if self.ngram is not None else None)
 
-    def forward(self, tokens: Tensor, parts: bool = False) -> Tensor:
-        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes).
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes): what ships."""
+        return self.mixed(self.branches(tokens))
 
-        ``parts=True`` (n-gram branch only): the two unmixed logits, transformer and n-gram, as (2, B, C).
-        """
+    def branches(self, tokens: Tensor) -> BranchLogits:
+        """tokens (B, T) -> each branch's logits before the mix (see ``BranchLogits``)."""
         logits = self.head(self.pool(self.encode(tokens), tokens))
-        if self.ngram is None:
-            return logits
-        ngram = self.ngram(tokens).to(logits.dtype)
-        if parts:
-            return torch.stack([logits, ngram])
-        return self.mix[0] * logits + self.mix[1] * ngram
+        ngram = self.ngram(tokens).to(logits.dtype) if self.ngram is not None else None
+        return BranchLogits(logits, ngram, (tokens != self.config.pad_id).sum(dim=1))
+
+    def mix_weights(self, lengths: Tensor) -> Tensor:
+        """lengths (B,) -> the weights of the transformer and of the n-gram branch for texts that long, (B, 2)."""
+        return mix_features(lengths.to(self.mix.device)) @ self.mix.T
+
+    def mixed(self, parts: BranchLogits) -> Tensor:
+        """The branches' logits -> the model's, (B, C)."""
+        if parts.ngram is None:
+            return parts.transformer
+        w = self.mix_weights(parts.lengths).to(parts.transformer.dtype)   # (B, 2)
+        return w[:, :1] * parts.transformer + w[:, 1:] * parts.ngram
+
+    def upgrade_state(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Weights saved by an older version -> this one's layout: a mix of two constant weights (2,) is the
+        length-aware mix with zero slopes."""
+        mix = tensors.get("mix")
+        if mix is not None and mix.dim() == 1:
+            tensors = {**tensors, "mix": torch.stack([mix, torch.zeros_like(mix)], dim=1)}
+        return tensors
 
     def encode(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> contextual token vectors (B, T, D)."""

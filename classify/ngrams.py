@@ -12,7 +12,13 @@ How it works:
   a bucket count), the same on every process, platform and device. N-grams never span padding.
   Each row keeps a slot once (binary features: NBSVM's best variant), padding slots point at an
   extra all-zero row. Optional ``families`` add features of their own (salted slots): pairs of tokens
-  one apart, and the n-grams of a review's first and last tokens, where the verdict tends to be.
+  one apart, the n-grams of a review's first and last tokens, where the verdict tends to be, and
+  words in the scope of a negation (below).
+* Negation scope (Das & Chen 2001, Pang et al. 2002: "not good" -> "good" marked NOT_good): a word
+  within ``within`` tokens after a negator ("not", "no", "never", the "t" of "n't", ...), with no clause
+  break (punctuation, "but") between, is read as a negated word, a unigram of its own, instead of
+  the plain word. Bigrams and trigrams are unchanged ("not good" still fires). Without it, "not
+  boring" keeps the full weight of "boring", the most negative word of the corpus.
 * ``NgramBag``: logits (B, C) = sum over a review's slots of ``weight[slot] * scale[slot]`` + bias:
   an ``EmbeddingBag`` in sum mode. ``scale`` holds the naive-Bayes log-count ratios, ``weight`` the
   coefficients of a logistic regression fitted on the scaled features.
@@ -39,8 +45,11 @@ from .text.batching import pad_batch
 # The n-gram's ids are digits in base (vocab_size + 1); three of them must fit an int64.
 MAX_VOCAB = 2_097_150
 # Hash slots of a branch built without a size (a prime: spreads the n-gram codes evenly). Enough for plain
-# 1-3-grams; classify.train's recipe, with more families, asks for 16.8M (train.NGRAM).
+# 1-3-grams; classify.train's recipe, with more families, asks for 16.8M (models.RECIPE).
 DEFAULT_BUCKETS = 4_194_301
+
+
+WHERE = ("all", "head", "tail", "negated")
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class Family:
     ``tail``: within the last ``within``, ``all``: anywhere)."""
 
     offsets: tuple[int, ...]
-    where: str = "all"
+    where: str = "all"        # "all" | "head" | "tail" | "negated" (a unigram in a negation's scope)
     within: int = 0
 
     def salt(self, buckets: int) -> int:
@@ -58,20 +67,24 @@ class Family:
         "good" anywhere are different features."""
         if self.where == "all" and self.offsets == tuple(range(len(self.offsets))):
             return 0  # plain n-grams hash as they did before the other families existed
-        key = (len(self.offsets), self.offsets[-1], ("all", "head", "tail").index(self.where), self.within)
+        key = (len(self.offsets), self.offsets[-1], WHERE.index(self.where), self.within)
         return sum(k * 0x9E3779B1 ** (i + 1) for i, k in enumerate(key)) % buckets
 
 
-def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int = 0) -> list[Family]:
+def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int = 0,
+             negation: int = 0) -> list[Family]:
     """The n-gram families of a branch: orders 1..``orders`` anywhere; with ``skip_bigrams``, the pairs of
     tokens one apart ("not * good"); with ``head``/``tail`` > 0, orders 1..``orders`` again, as separate
     features, for the n-grams within a review's first ``head`` and last ``tail`` tokens (where reviews tend
-    to state their verdict)."""
+    to state their verdict); with ``negation`` > 0, the words up to ``negation`` tokens after a negator, read
+    as negated words instead of plain unigrams (see the module docstring)."""
     plain = [tuple(range(n)) for n in range(1, orders + 1)]
     out = [Family(o) for o in plain]
     if skip_bigrams:
         out.append(Family((0, 2)))
     out += [Family(o, "head", head) for o in plain if head] + [Family(o, "tail", tail) for o in plain if tail]
+    if negation:
+        out.append(Family((0,), "negated", negation))
     return out
 
 
@@ -85,18 +98,36 @@ def describe(kinds: list[Family]) -> str:
     ends = [f"{where} {fs[0].within}" for where, fs in
             (("first", [f for f in kinds if f.where == "head"]), ("last", [f for f in kinds if f.where == "tail"])) if fs]
     if ends:
-        parts.append(f"{orders([f for f in kinds if f.where != 'all'])} of the {' / '.join(ends)} tokens")
+        parts.append(f"{orders([f for f in kinds if f.where in ('head', 'tail')])} of the {' / '.join(ends)} tokens")
+    parts += [f"negation scope of {f.within} tokens" for f in kinds if f.where == "negated"]
     return ", ".join(parts)
 
 
-def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family]) -> list[Tensor]:
+def negation_scope(tokens: Tensor, negators: Tensor, breaks: Tensor, within: int) -> Tensor:
+    """tokens (B, T) -> (B, T) bool: the token follows a negator by 1..``within`` positions with no clause
+    break among the tokens after the negator up to and including itself. ``negators``, ``breaks``: token ids
+    (K,). Comparisons and shifts only (no cumulative ops), so it exports to ONNX as it is."""
+    negator = (tokens.unsqueeze(-1) == negators).any(-1)          # (B, T)
+    clear = ~(tokens.unsqueeze(-1) == breaks).any(-1)             # (B, T): not a break
+    scope = torch.zeros_like(negator)
+    run = torch.ones_like(negator)   # run[:, i]: no break in positions i-d+1 .. i
+    for d in range(1, min(within, tokens.shape[1] - 1) + 1):
+        run = run & torch.cat([torch.ones_like(clear[:, : d - 1]), clear[:, : clear.shape[1] - d + 1]], dim=1)
+        scope = scope | (torch.cat([torch.zeros_like(negator[:, :d]), negator[:, :-d]], dim=1) & run)
+    return scope
+
+
+def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family],
+                 scope: Tensor | None = None) -> list[Tensor]:
     """tokens (B, T), right-padded -> per family, the slot of its n-gram starting at each position, (B, T - span + 1)
     (span: the family's last offset + 1); ``buckets`` (the padding slot) where there is none: the n-gram would
-    include padding, or lies outside the family's part of the review."""
+    include padding, or lies outside the family's part of the review. ``scope`` (B, T) bool (``negation_scope``;
+    needed when ``kinds`` has a "negated" family): where a word is read as negated instead of as a plain unigram."""
     digits = tokens.long() + 1                            # 0 stays free for "no token"
     real = tokens != pad_id
     lengths = real.sum(dim=1, keepdim=True)               # right-padded: real tokens are 0 .. length-1
     base = vocab_size + 1
+    negated = any(f.where == "negated" for f in kinds)
     out = []
     for family in kinds:
         span = family.offsets[-1] + 1
@@ -112,17 +143,23 @@ def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kin
             ok = ok & (start + span <= family.within)
         elif family.where == "tail":
             ok = ok & (start >= lengths - family.within)
+        elif family.where == "negated":
+            ok = ok & scope
+        elif negated and family.offsets == (0,):
+            ok = ok & ~scope   # a negated word is not also the plain word
         out.append(torch.where(ok, (code % buckets + family.salt(buckets)) % buckets, buckets))
     return out
 
 
-def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family]) -> Tensor:
-    """tokens (B, T) -> hashed n-gram slots (B, L), L = the positions of all ``kinds`` (see ``families``).
+def ngram_ids(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family],
+              scope: Tensor | None = None) -> Tensor:
+    """tokens (B, T) -> hashed n-gram slots (B, L), L = the positions of all ``kinds`` (see ``families``;
+    ``scope`` as in ``family_slots``).
 
     Each row holds every distinct slot once, sorted; the rest of the row is ``buckets`` (the
     padding slot). Padding tokens never enter an n-gram.
     """
-    slots = torch.cat(family_slots(tokens, pad_id, vocab_size, buckets, kinds), dim=1).sort(dim=1).values
+    slots = torch.cat(family_slots(tokens, pad_id, vocab_size, buckets, kinds, scope), dim=1).sort(dim=1).values
     repeated = torch.zeros_like(slots, dtype=torch.bool)
     repeated[:, 1:] = slots[:, 1:] == slots[:, :-1]
     return slots.masked_fill(repeated, buckets)
@@ -132,18 +169,27 @@ class NgramBag(nn.Module):
     """Hashed n-gram bag: tokens (B, T) -> logits (B, num_classes)."""
 
     def __init__(self, vocab_size: int, num_classes: int, orders: int, buckets: int, pad_id: int,
-                 skip_bigrams: bool = False, head: int = 0, tail: int = 0):
+                 skip_bigrams: bool = False, head: int = 0, tail: int = 0, negation: int = 0,
+                 negators: tuple[int, ...] = (), breaks: tuple[int, ...] = ()):
         super().__init__()
         if not 0 < vocab_size <= MAX_VOCAB:
             raise ValueError(f"the n-gram branch supports vocabularies up to {MAX_VOCAB}, got {vocab_size}")
         self.vocab_size, self.buckets, self.pad_id = vocab_size, buckets, pad_id
-        self.kinds = families(orders, skip_bigrams, head, tail)
+        self.kinds = families(orders, skip_bigrams, head, tail, negation)
+        self.negation = negation
+        # Token ids, not weights: buffers outside the state dict (the config holds them).
+        self.register_buffer("negators", torch.tensor(sorted(negators), dtype=torch.long), persistent=False)
+        self.register_buffer("breaks", torch.tensor(sorted(breaks), dtype=torch.long), persistent=False)
         self.weight = nn.Parameter(torch.zeros(buckets + 1, num_classes))   # row ``buckets``: padding, stays 0
         self.bias = nn.Parameter(torch.zeros(num_classes))
         self.register_buffer("scale", torch.ones(buckets + 1))              # naive-Bayes ratios per slot
 
+    def scope(self, tokens: Tensor) -> Tensor | None:
+        """tokens (B, T) -> (B, T) bool, the words read as negated (``negation_scope``); None without negation."""
+        return negation_scope(tokens, self.negators, self.breaks, self.negation) if self.negation else None
+
     def slots(self, tokens: Tensor) -> Tensor:
-        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds)
+        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))
 
     @torch.no_grad()
     def token_contributions(self, ids: list[int], direction: Tensor) -> np.ndarray:
@@ -152,7 +198,8 @@ class NgramBag(nn.Module):
         The branch is a sum over distinct slots, so this is exact: a slot's value is split equally
         over the tokens of all its occurrences (an n-gram seen twice counts once, as in ``forward``).
         """
-        per_family = family_slots(torch.tensor([ids]), self.pad_id, self.vocab_size, self.buckets, self.kinds)
+        tokens = torch.tensor([ids], device=self.negators.device)
+        per_family = family_slots(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))
         value = (self.weight.float() @ direction.float().cpu()) * self.scale.float()   # (buckets + 1,)
         occurrences: dict[int, list[list[int]]] = {}   # slot -> the token positions of each occurrence
         for family, slots in zip(self.kinds, per_family):
@@ -247,21 +294,3 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int],
         _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
                       np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c)
     return probs
-
-
-def fit_mix(parts: np.ndarray, labels: list[int]) -> tuple[float, float]:
-    """The two weights (transformer, n-gram) that minimise the cross-entropy of
-    ``w0 * transformer + w1 * ngram`` on held-out reviews. parts: (2, N, C) logits, N >= 1."""
-    logits = torch.as_tensor(parts, dtype=torch.float64)
-    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    weights = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    solver = torch.optim.LBFGS([weights], lr=1.0, max_iter=200, line_search_fn="strong_wolfe")
-
-    def loss() -> Tensor:
-        solver.zero_grad()
-        value = F.cross_entropy(torch.einsum("k,knc->nc", weights, logits), y)
-        value.backward()
-        return value
-
-    solver.step(loss)
-    return float(weights[0].detach()), float(weights[1].detach())

@@ -34,13 +34,14 @@ from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
-from .inference import KIND, encode_reviews, logits_ids, predict_ids, softmax
-from .models import Classifier, ClassifierConfig, ngram_branch
-from .ngrams import bag_logits, describe, fit_mix, self_train_ngram_bag
+from .inference import KIND, branch_logits_ids, encode_reviews, predict_ids, softmax
+from .mix import fit_mix, mixed_logits
+from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
+from .ngrams import bag_logits, describe, self_train_ngram_bag
 from .text.batching import Collate
 from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
-from .text.tokenize import load_tokenizer, train_tokenizer
+from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 
 
 @dataclass(kw_only=True)
@@ -101,15 +102,7 @@ class TrainConfig(ReviewRunConfig):
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
-               "ngram_tail")
-# The default model has the n-gram branch (a model config without these fields has none, or a plain one). Each
-# of the features beyond plain 1-3-grams adds 0.1-0.3 points on IMDB test, and they need 16.8M slots instead of
-# 4.2M to keep their collisions rare (experiments/RESULTS.md). With --ngram-orders 0 they make the teacher.
-NGRAM = {"ngram_orders": 3, "ngram_buckets": 16_777_259, "ngram_skip_bigrams": True, "ngram_head": 30,
-         "ngram_tail": 60}
-# No dropout on attention weights: SDPA's fused CPU kernel then applies, training 1.9x (fp32) to 2.7x (bf16) faster;
-# with the pseudo-labelled reviews the extra steps are worth more than that regularisation (experiments/RESULTS.md).
-ATTENTION_DROPOUT = 0.0
+               "ngram_tail", "ngram_negation")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
-    add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults={**NGRAM, "attention_dropout": ATTENTION_DROPOUT})
+    add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults=RECIPE)  # the flags build the shipped model by default
     add_flags(g, TrainConfig, ["ngram_c", "ngram_self_train", "ngram_refit", "pseudo_labels", "soft_labels"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
               ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "batch_size",
@@ -141,9 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, TrainConfig]:
-    """The model's config and the run's, from the flags; checked."""
+    """The model's config and the run's, from the flags; checked. (The negation scope's token ids are filled in
+    once the tokenizer exists: ``negation_tokens``.)"""
     config = from_args(TrainConfig, args)
-    model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES))
+    model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES),
+                      ngram_negators=[], ngram_breaks=[])
     config.validate(model)
     return model, config
 
@@ -217,27 +212,28 @@ def accuracy(logits: np.ndarray, labels: list[int]) -> float:
 
 def fit_branch_mix(run: RunFolder, model: Classifier, val_ids: list[list[int]], val_labels: list[int], device, dtype,
                    batch_size: int, console: Console) -> dict | None:
-    """The last stage of a run with the n-gram branch: on the best weights, choose the transformer's and the
-    branch's weights in the mix on validation, and store them in ``model.safetensors``."""
+    """The last stage of a run with the n-gram branch: on the best weights, choose the mix of the transformer
+    and the branch (``classify.mix``) on validation, and store it in ``model.safetensors``."""
     if not (run.path / WEIGHTS).exists():
         return None
     load_model_weights(model, run.path / WEIGHTS)
     record: dict = {}
     if val_ids:
-        parts = logits_ids(model, val_ids, device, dtype, batch_size * 2, parts=True)
+        parts = branch_logits_ids(model, val_ids, device, dtype, batch_size * 2)
         held_out = run.branch_validation(len(val_ids), model.config.num_classes)
         if held_out is not None:  # the branch was fitted again on all labelled reviews: score the first fit
-            parts[1] = held_out
-        weights = fit_mix(parts, val_labels)
-        record["val_accuracy"] = {"transformer": accuracy(parts[0], val_labels),
-                                  "ngram": accuracy(parts[1], val_labels),
-                                  "mixed": accuracy(weights[0] * parts[0] + weights[1] * parts[1], val_labels)}
+            parts = parts._replace(ngram=held_out)
+        mix = fit_mix(parts.transformer, parts.ngram, parts.lengths, val_labels)
+        record["val_accuracy"] = {"transformer": accuracy(parts.transformer, val_labels),
+                                  "ngram": accuracy(parts.ngram, val_labels),
+                                  "mixed": accuracy(mixed_logits(mix, *parts), val_labels)}
     else:  # nothing to choose on: the two at equal weight
-        weights = (1.0, 1.0)
-    model.mix.copy_(torch.tensor(weights))
+        mix = np.array([[1.0, 0.0], [1.0, 0.0]])
+    model.mix.copy_(torch.as_tensor(mix, dtype=model.mix.dtype))
     run.save_best(model)
-    record["mix"] = [round(w, 4) for w in weights]
-    console.log(f"mix of transformer and n-gram logits chosen on validation: {record['mix']}"
+    record["mix"] = np.round(mix, 4).tolist()
+    console.log(f"mix of transformer and n-gram logits chosen on validation (per branch: constant, slope per "
+                f"log-token): {record['mix']}"
                 + (f", validation accuracy {record['val_accuracy']}" if val_ids else " (no validation: equal)"))
     return record
 
@@ -255,7 +251,7 @@ def prepare(run: RunFolder, model: Classifier, config: TrainConfig, train: tuple
         t = time.monotonic()
         # Without a branch in the model (--ngram-orders 0), the branch the flags describe, with the default orders,
         # is fitted as a teacher only, then dropped.
-        bag = model.ngram if model.ngram is not None else ngram_branch(model.config, NGRAM["ngram_orders"])
+        bag = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
         refit = model.ngram is not None and config.ngram_self_train
         given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=refit)
         what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if refit else "")
@@ -329,6 +325,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
 
     tokenizer = run.tokenizer(resuming, make_tokenizer)
     model_config.vocab_size = tokenizer.get_vocab_size()
+    if model_config.ngram_negation:
+        model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
+        model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
     train_ids = encode_reviews(tokenizer, train_set.texts, model_config.max_len, config.truncation)
     val_ids = encode_reviews(tokenizer, val_set.texts, model_config.max_len, config.truncation)
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}, "
@@ -394,10 +393,10 @@ def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokeni
     load_model_weights(model, run.path / WEIGHTS)
     ids = encode_reviews(tokenizer, test.texts, model.config.max_len, config.truncation)
     t0 = time.monotonic()
-    logits = logits_ids(model, ids, device, dtype, config.batch_size * 2, parts=mix is not None)
+    parts = branch_logits_ids(model, ids, device, dtype, config.batch_size * 2)
+    logits = mixed_logits(model.mix.double().cpu().numpy(), *parts) if parts.ngram is not None else parts.transformer
     if mix is not None:
-        components = {"transformer": accuracy(logits[0], test.labels), "ngram": accuracy(logits[1], test.labels)}
-        logits = float(model.mix[0]) * logits[0] + float(model.mix[1]) * logits[1]
+        components = {"transformer": accuracy(parts.transformer, test.labels), "ngram": accuracy(parts.ngram, test.labels)}
     loss, correct, count = metric_sums(softmax(logits), test.labels)
     metrics: dict = {"loss": loss / count, "accuracy": correct / count}
     if mix is not None:

@@ -13,7 +13,8 @@ import torch
 from classify.engine import files
 from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
-from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_mix, fit_ngram_bag,
+from classify.mix import fit_mix, mix_features, mixed_logits
+from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_ngram_bag, negation_scope,
                              ngram_ids, self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
@@ -94,7 +95,7 @@ def branch_model(seed: int = 0) -> Classifier:
         model.ngram.weight.normal_()
         model.ngram.weight[BUCKETS] = 0
         model.ngram.scale[:BUCKETS].uniform_(0.5, 2.0)
-        model.mix.copy_(torch.tensor([0.7, 1.3]))
+        model.mix.copy_(torch.tensor([[0.7, 0.1], [1.3, -0.2]]))
     return model
 
 
@@ -105,8 +106,11 @@ def test_logits_alone_equal_logits_in_a_padded_batch_with_the_branch_on():
     for i, review in enumerate(reviews):
         alone = model(torch.tensor([review]))
         torch.testing.assert_close(alone[0], batch[i], atol=1e-5, rtol=1e-5)
-    parts = model(pad_batch(reviews, 0), parts=True)
-    torch.testing.assert_close(0.7 * parts[0] + 1.3 * parts[1], batch)
+    parts = model.branches(pad_batch(reviews, 0))
+    assert parts.lengths.tolist() == [6, 2, 29]
+    log_length = parts.lengths.float().log().unsqueeze(1)
+    torch.testing.assert_close((0.7 + 0.1 * log_length) * parts.transformer + (1.3 - 0.2 * log_length) * parts.ngram,
+                               batch)
 
 
 def test_branch_output_is_the_sum_of_its_slots_and_gradients_reach_exactly_those_slots():
@@ -169,14 +173,32 @@ def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_t
     assert self_train_ngram_bag(bag, ids, labels, [], c=1.0).shape == (0, 2)
 
 
-def test_fit_mix_finds_the_weights_that_generated_the_labels():
+def test_fit_mix_finds_the_length_dependent_weights_that_generated_the_labels():
     rng = np.random.default_rng(1)
-    parts = rng.normal(size=(2, 4000, 2)).astype(np.float32)
-    mixed = 2.0 * parts[0] + 0.5 * parts[1]
+    n = 8000
+    parts = rng.normal(size=(2, n, 2)).astype(np.float32)
+    lengths = rng.integers(3, 500, size=n)
+    true = np.array([[2.0, -0.2], [0.1, 0.3]])   # the n-gram branch counts for more on longer texts
+    mixed = mixed_logits(true, parts[0], parts[1], lengths)
     p1 = 1 / (1 + np.exp(-(mixed[:, 1] - mixed[:, 0])))
-    labels = (rng.random(4000) < p1).astype(int).tolist()
-    a, b = fit_mix(parts, labels)
-    assert abs(a - 2.0) < 0.25 and abs(b - 0.5) < 0.15
+    labels = (rng.random(n) < p1).astype(int).tolist()
+    mix = fit_mix(parts[0], parts[1], lengths, labels, l2=0.0)
+    assert np.abs(mix - true).max() < 0.2, mix
+    # The fitted weights give the n-gram branch more of the vote on a 300-token review than on a sentence.
+    w = mix_features(torch.tensor([8, 300])).double().numpy() @ mix.T
+    assert w[1, 1] / w[1, 0] > 2 * w[0, 1] / w[0, 0]
+
+
+def test_a_mix_saved_before_it_depended_on_length_loads_as_constant_weights(tmp_path):
+    model = branch_model()
+    state = files.model_state(model)
+    state["mix"] = torch.tensor([0.7, 1.3])   # the (2,) layout of older run folders
+    files.save_tensors(tmp_path / "old.safetensors", state)
+    files.load_model_weights(model, tmp_path / "old.safetensors")
+    assert torch.equal(model.mix, torch.tensor([[0.7, 0.0], [1.3, 0.0]]))
+    tokens = pad_batch([[1, 2, 3, 4], [5, 6]], 0)
+    parts = model.branches(tokens)
+    torch.testing.assert_close(model(tokens), 0.7 * parts.transformer + 1.3 * parts.ngram)
 
 
 def test_branch_weights_round_trip_and_older_configs_load_without_a_branch(tmp_path):
@@ -208,3 +230,57 @@ def test_token_contributions_add_up_to_the_branch_logit_difference(extra):
     assert shares.shape == (len(review),)
     expected = float((bag(torch.tensor([review]))[0] - bag.bias).detach() @ direction)
     assert abs(shares.sum() - expected) < 1e-4
+
+
+NOT, NO, STOP, BUT = 40, 41, 42, 43   # token ids standing for "not", "no", "." and "but" in these tests
+
+
+def test_negation_scope_covers_the_next_words_up_to_a_clause_break():
+    tokens = torch.tensor([[5, NOT, 6, 7, 8, 9, 10, 11],      # scope of 4: words 2..5
+                           [NOT, 6, STOP, 7, NO, 8, BUT, 9],   # broken by "." and by "but"
+                           [NOT, NOT, 6, 0, 0, 0, 0, 0]])      # a negator in scope is in scope (padding too: n-grams skip it)
+    scope = negation_scope(tokens, torch.tensor([NOT, NO]), torch.tensor([STOP, BUT]), within=4)
+    assert scope.int().tolist() == [[0, 0, 1, 1, 1, 1, 0, 0],
+                                    [0, 1, 0, 0, 0, 1, 0, 0],
+                                    [0, 1, 1, 1, 1, 1, 0, 0]]
+
+
+def test_a_negated_word_is_a_feature_of_its_own_instead_of_the_plain_word():
+    kw = dict(negation=3, negators=(NOT,), breaks=(STOP,))
+    bag = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0, **kw)
+    plain = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0)
+
+    def slots(b, review):
+        row = b.slots(torch.tensor([review]))[0]
+        return set(row[row != BUCKETS].tolist())
+
+    good, negated_good = slots(bag, [7]), slots(bag, [NOT, 7]) - slots(bag, [NOT])
+    # "not good": the bigram and a negated "good", never the plain "good"; without negation, the plain one.
+    assert good <= slots(plain, [NOT, 7]) and not good & slots(bag, [NOT, 7])
+    assert len(negated_good) == 2 and slots(plain, [NOT, 7]) - slots(plain, [NOT]) - good
+    assert slots(bag, [NOT, STOP, 7]) >= good                   # a break ends the scope
+    # Fitted, a word that is positive alone and negative when negated gets both signs.
+    rng = np.random.default_rng(0)
+    ids, labels = [], []
+    for i in range(300):
+        label = i % 2
+        filler = rng.integers(30, VOCAB, size=6).tolist()
+        ids.append(filler[:3] + ([7] if label else [NOT, 7]) + filler[3:])
+        labels.append(label)
+    fit_ngram_bag(bag, ids, labels, c=1.0)
+    def margin(review: list[int]) -> float:
+        logits = bag(torch.tensor([review])).detach()
+        return float(logits[0, 1] - logits[0, 0])
+
+    assert margin([7]) > 0 > margin([NOT, 7])
+
+
+def test_negation_shares_of_a_review_still_add_up_to_the_branch_logit():
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, skip_bigrams=True, negation=4, negators=(3, 4), breaks=(9,))
+    with torch.no_grad():
+        bag.weight.normal_()
+        bag.scale.uniform_(0.5, 2.0)
+    review = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4, 1, 5]
+    direction = torch.tensor([-1.0, 1.0])
+    expected = float((bag(torch.tensor([review]))[0] - bag.bias).detach() @ direction)
+    assert abs(bag.token_contributions(review, direction).sum() - expected) < 1e-4

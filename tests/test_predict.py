@@ -191,7 +191,7 @@ def test_attributions_use_the_models_tokens_and_add_up(trained_run):
     assert sum(1 for _ in explanation.words) == len(ids)  # one word per token for this text
     # Integrated gradients + the n-gram branch's exact shares: attributions sum to f(x) - f(baseline) (log-odds),
     # the baseline being all-zero token embeddings and an empty n-gram bag (its bias alone), here within 5%.
-    assert run.model.ngram is not None and float(run.model.mix[1]) != 0
+    assert run.model.ngram is not None and float(run.model.mix_weights(torch.tensor([len(ids)]))[0, 1]) != 0
     scores = token_attributions(run, ids, 1, 64, torch.device("cpu"))
 
     def log_odds(scale: float) -> float:

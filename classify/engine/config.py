@@ -103,6 +103,9 @@ MODEL_SETTINGS = {
     "ngram_head": Setting("the n-gram branch also reads the n-grams of a review's first N tokens as features of "
                           "their own; 0 = not"),
     "ngram_tail": Setting("the same for a review's last N tokens, where reviews tend to give their verdict"),
+    "ngram_negation": Setting("the n-gram branch reads a word up to N tokens after a negator (not, no, never, n't, "
+                              "...; up to a comma, full stop or 'but') as a negated word, a feature of its own, "
+                              "instead of the plain word; 0 = not"),
 }
 
 

@@ -115,6 +115,9 @@ def load_model_weights(model: torch.nn.Module, path: str | Path, only: tuple[str
     """
     tensors = load_tensors(path, what)
     model = getattr(model, "module", model)
+    upgrade = getattr(model, "upgrade_state", None)   # a model that reads files of an older layout
+    if upgrade is not None:
+        tensors = upgrade(tensors)
     expected = model.state_dict()
     if only is not None:
         tensors = {k: v for k, v in tensors.items() if k.startswith(only)}

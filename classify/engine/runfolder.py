@@ -141,14 +141,15 @@ class RunFolder:
 
     # ---- starting
     def open(self, config: Any, model: Any, overwrite: bool, resume: bool = False,
-             sized_by_tokenizer: tuple[str, ...] = ("vocab_size",)) -> bool:
+             sized_by_tokenizer: tuple[str, ...] = ("vocab_size", "ngram_negators", "ngram_breaks")) -> bool:
         """Take the lock, then decide between a fresh run and continuing the one here, for the run
         settings ``config`` (a ``RunConfig``) and the model config ``model``. Returns True when resuming;
         ``resume`` (``--resume``) makes a fresh start an error. Every rank calls it; rank 0 decides.
 
         A folder holding another kind of run, or a run whose ``identity`` training fields or model
         sizes differ, is refused unless ``overwrite`` (which empties it). Sizes set by the tokenizer
-        (``sized_by_tokenizer``) are known only after training it and are not compared.
+        (``sized_by_tokenizer``: its size, the token ids of the negation scope) are known only after training it
+        and are not compared.
         """
         def decide() -> bool:
             self.acquire()

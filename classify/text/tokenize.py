@@ -25,6 +25,11 @@ from ..errors import ClassifyError
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4, in this order
 KINDS = ("word", "bpe", "wordpiece")
+# Words that open a negation scope and tokens that close one (the n-gram branch's negation marking). The
+# pre-tokenizer splits "didn't" into "didn", "'", "t", so "t" stands for "n't" and the apostrophe is no break.
+NEGATORS = ("not", "no", "never", "t", "nothing", "nobody", "none", "nor", "neither", "without", "cannot",
+            "hardly", "barely")
+CLAUSE_BREAKS = (".", ",", "!", "?", ";", ":", "(", ")", "-", "but", "however", "although", "though")
 TRUNCATIONS = ("head", "tail", "head+tail")
 
 
@@ -65,6 +70,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "word", m
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def token_ids(tokenizer: Tokenizer, words: Iterable[str]) -> list[int]:
+    """The ids of those ``words`` that are whole tokens of ``tokenizer`` (others are left out), sorted."""
+    ids = (tokenizer.token_to_id(w) for w in words)
+    return sorted({i for i in ids if i is not None})
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
