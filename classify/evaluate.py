@@ -1,14 +1,22 @@
-"""python -m classify.evaluate: a full report on a trained run, optionally against a TF-IDF baseline.
+"""python -m classify.evaluate: a full report on a trained run, optionally against bag-of-n-grams baselines.
 
-    python -m classify.evaluate --model runs/imdb --data ../shared/imdb --split test --baseline
+    python -m classify.evaluate --model runs/imdb --data ../shared/imdb --split test --baseline \
+        --counterfactual ../shared/imdb-counterfactual
 
 Predicts the split batched and length-bucketed as ``classify.predict`` does, computes
 scikit-learn metrics (accuracy with a bootstrap CI, per-class and macro precision/recall/F1,
 ROC-AUC, log-loss, confusion matrix, calibration), and writes ``metrics.json``,
-``report.md`` and PNG plots to the report folder (``classify.report``). ``--baseline``
-trains TF-IDF (word 1-2 grams, sublinear tf) + logistic regression on exactly the training
-split the run used (``data.training_split`` with the run's config), with its regularisation C
-chosen on the run's validation split, and scores it on the same examples.
+``report.md`` and PNG plots to the report folder (``classify.report``). Every system is scored: the model,
+each of its branches alone (a model with an n-gram branch), and the baselines. Beside the split's metrics:
+
+* accuracy by text length (``LENGTH_BINS``, in the tokens the model reads);
+* the behavioural suite (``classify.behaviour``): failure rates on short typed sentences by capability
+  (negation, contrast, ...) and under perturbations that must not change the answer;
+* with ``--counterfactual``, the held-out edited reviews whose label flipped (``text.counterfactual``).
+
+``--baseline`` trains TF-IDF (word 1-2 grams, sublinear tf) + logistic regression and an NBSVM-style model on
+exactly the training split the run used (``data.training_split`` with the run's config), with their
+regularisation C chosen on the run's validation split, and scores them on the same examples.
 """
 
 from __future__ import annotations
@@ -29,12 +37,71 @@ from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
 from .errors import ClassifyError, run_cli
-from .inference import encode_texts, open_run, predict_ids
+from .behaviour import build_suite, score, suite_texts, summary
+from .inference import LoadedRun, branch_logits_ids, encode_texts, open_run, softmax
+from .mix import mixed_logits
 from .report import print_summary, write_markdown, write_plots
+from .text.counterfactual import load_pairs
 from .text.data import Examples, default_source, load_split, normalize, training_split
 
-TRANSFORMER = "transformer"
+MODEL = "model"
+TRANSFORMER_ALONE = "transformer alone"
+NGRAM_ALONE = "n-gram branch alone"
 MISTAKE_CHARS = 2000  # text kept per confident mistake in metrics.json / report.md
+# Accuracy by length, in the tokens the model reads (512 = truncated: the review was longer).
+LENGTH_BINS = ((1, 16), (17, 64), (65, 256), (257, 511), (512, None))
+
+
+# -------------------------------------------------------------------------- systems
+def run_probabilities(run: LoadedRun, texts: list[str], device, dtype, batch_size: int,
+                      progress=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Class probabilities (N, C) of the model and, when it has an n-gram branch, of each branch alone (float64,
+    rows summing to 1); and each text's length in the tokens the model read, (N,)."""
+    parts = branch_logits_ids(run.model, encode_texts(run, texts), device, dtype, batch_size, progress)
+    logits = {MODEL: parts.transformer}
+    if parts.ngram is not None:
+        mix = run.model.mix.double().cpu().numpy()
+        logits = {MODEL: mixed_logits(mix, *parts), TRANSFORMER_ALONE: parts.transformer, NGRAM_ALONE: parts.ngram}
+    # Renormalised in float64: scikit-learn checks that rows sum to 1 within 1e-8.
+    probs = {name: softmax(z).astype(np.float64) for name, z in logits.items()}
+    return {name: p / p.sum(axis=1, keepdims=True) for name, p in probs.items()}, parts.lengths
+
+
+def length_slices(lengths: np.ndarray, y: np.ndarray, probabilities: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Accuracy of every system within each of ``LENGTH_BINS`` (None where a bin is empty)."""
+    out = []
+    for low, high in LENGTH_BINS:
+        inside = (lengths >= low) & (lengths <= (high if high is not None else np.inf))
+        out.append({"tokens": f"{low}-{high}" if high else f"{low}+", "examples": int(inside.sum()),
+                    "accuracy": {name: float((p[inside].argmax(1) == y[inside]).mean()) if inside.any() else None
+                                 for name, p in probabilities.items()}})
+    return out
+
+
+def behaviour_report(predict: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The behavioural suite for each system; ``predict``: name -> callable(texts) -> probabilities (N, C)."""
+    suite = build_suite(seed=seed)
+    texts = suite_texts(suite)
+    systems = {}
+    for name, probabilities in predict.items():
+        scores = score(suite, probabilities(texts).argmax(axis=1))
+        systems[name] = {"failure_rate": summary(scores), "capabilities": scores}
+    return {"cases": sum(len(c.texts) for c in suite), "seed": seed, "systems": systems}
+
+
+def counterfactual_report(path: str, predict: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy on the held-out counterfactual pairs: originals (IMDB training reviews), their revisions (never
+    trained on), and both right; ``predict`` as in ``behaviour_report``."""
+    pairs = load_pairs(path, held_out=True)
+    both = pairs.texts()
+    y = np.asarray(both.labels)
+    systems = {}
+    for name, probabilities in predict.items():
+        right = probabilities(both.texts).argmax(axis=1) == y
+        original, revised = right[: len(pairs)], right[len(pairs):]
+        systems[name] = {"original": float(original.mean()), "revised": float(revised.mean()),
+                         "both": float((original & revised).mean())}
+    return {"source": path, "pairs": len(pairs), "systems": systems}
 
 
 # -------------------------------------------------------------------------- metrics
@@ -247,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "split; then fitted on both if the run's n-gram branch was, --ngram-refit) and compare: "
                         "tfidf (TF-IDF 1-2 grams + logistic regression), nbsvm (naive-Bayes-weighted 1-3 grams + "
                         "logistic regression); the flag alone trains both")
+    p.add_argument("--counterfactual", metavar="PATH",
+                   help="also score the held-out counterfactual pairs in PATH (a folder with train.parquet, e.g. "
+                        "../shared/imdb-counterfactual): IMDB training reviews and their revisions edited so that "
+                        "the label flips; the revisions of the held-out quarter are never trained on")
     p.add_argument("--train-data", help="where the run's training data is now, for --baseline (default: the "
                                         "source in the run's config.json)")
     p.add_argument("--bins", type=int, default=10, help="equal-width bins for ECE and the reliability curve")
@@ -281,13 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     y = np.asarray(data.labels)
 
     start = time.monotonic()
-    ids = encode_texts(run, data.texts)
-    with progress_bar(len(ids), not args.quiet) as update:
-        probs = predict_ids(run.model, ids, device, dtype, batch_size=args.batch_size,
-                            progress=lambda done: update(done, f"{done} reviews"))
-    seconds = {TRANSFORMER: round(time.monotonic() - start, 2)}
-    probs = probs.astype(np.float64)  # renormalised in float64: sklearn checks rows sum to 1 within 1e-8
-    probabilities = {TRANSFORMER: probs / probs.sum(axis=1, keepdims=True)}
+    with progress_bar(len(data), not args.quiet) as update:
+        probabilities, lengths = run_probabilities(run, data.texts, device, dtype, args.batch_size,
+                                                   progress=lambda done: update(done, f"{done} reviews"))
+    seconds = {MODEL: round(time.monotonic() - start, 2)}
     kinds = [] if args.baseline is None else (args.baseline or list(BASELINES))
     baselines: dict[str, Baseline] = {}
     if kinds:
@@ -320,10 +388,16 @@ def main(argv: list[str] | None = None) -> int:
                                   f"run's training split",
                    "training_examples": len(train), "C": b.c,
                    "validation_accuracy_by_C": {f"{c:g}": a for c, a in b.validation_accuracy.items()},
-                   "transformer_minus_baseline": systems[TRANSFORMER]["accuracy"] - systems[kind]["accuracy"],
-                   "difference_ci95": intervals[f"{TRANSFORMER} - {kind}"]}
+                   "model_minus_baseline": systems[MODEL]["accuracy"] - systems[kind]["accuracy"],
+                   "difference_ci95": intervals[f"{MODEL} - {kind}"]}
             for kind, b in baselines.items()}
-    metrics["mistakes"] = confident_mistakes(data, rows, probabilities[TRANSFORMER], run.labels, args.mistakes)
+    metrics["length_slices"] = length_slices(lengths, y, probabilities)
+    predict = {**_cached(run, device, dtype, args.batch_size),
+               **{kind: (lambda texts, b=b: b.probabilities(texts, len(run.labels))) for kind, b in baselines.items()}}
+    metrics["behaviour"] = behaviour_report(predict, args.seed)
+    if args.counterfactual:
+        metrics["counterfactual"] = counterfactual_report(args.counterfactual, predict)
+    metrics["mistakes"] = confident_mistakes(data, rows, probabilities[MODEL], run.labels, args.mistakes)
     if baselines:
         metrics["baseline_mistakes"] = {kind: confident_mistakes(data, rows, probabilities[kind], run.labels,
                                                                  args.mistakes) for kind in baselines}
@@ -336,6 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(console, metrics)
     console.print(f"report: {escape(str(out / 'report.md'))}")
     return 0
+
+
+def _cached(run: LoadedRun, device, dtype, batch_size: int) -> dict[str, Any]:
+    """name -> callable(texts) -> probabilities for the model and each of its branches, one pass per text list."""
+    last: dict[str, Any] = {}
+
+    def system(name: str):
+        def probabilities(texts: list[str]) -> np.ndarray:
+            if last.get("texts") is not texts:
+                last.update(texts=texts, out=run_probabilities(run, texts, device, dtype, batch_size)[0])
+            return last["out"][name]
+        return probabilities
+
+    names = [MODEL] + ([TRANSFORMER_ALONE, NGRAM_ALONE] if run.model.ngram is not None else [])
+    return {name: system(name) for name in names}
 
 
 def _training_history(run: Path, console: Console) -> list[dict[str, Any]]:

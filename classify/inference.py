@@ -129,14 +129,14 @@ def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dt
 
 
 def branch_logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                      batch_size: int = 64) -> BranchLogits:
+                      batch_size: int = 64, progress=None) -> BranchLogits:
     """Token id lists -> each branch's logits before the mix (``models.BranchLogits`` of NumPy arrays: (N, C),
     (N, C) or None without an n-gram branch, lengths (N,)), in input order."""
     def forward(tokens):
         parts = model.branches(tokens)
         return (parts.transformer, parts.lengths) + ((parts.ngram,) if parts.ngram is not None else ())
 
-    out = _batched(model, ids, device, dtype, forward, batch_size, None, None)
+    out = _batched(model, ids, device, dtype, forward, batch_size, progress, None)
     return BranchLogits(out[0], out[2] if len(out) > 2 else None, out[1].astype(np.int64))
 
 

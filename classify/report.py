@@ -50,8 +50,41 @@ def print_summary(console: Console, metrics: dict[str, Any]) -> None:
     console.print(table)
     for kind, baseline in metrics.get("baselines", {}).items():
         lo, hi = baseline["difference_ci95"]
-        console.print(f"transformer - {kind} accuracy: {baseline['transformer_minus_baseline']:+.4f} "
+        console.print(f"model - {kind} accuracy: {baseline['model_minus_baseline']:+.4f} "
                       f"(95% CI {lo:+.4f} to {hi:+.4f})")
+    names = list(metrics["behaviour"]["systems"])
+    table = Table(title=Text(f"Short texts: accuracy by length, behavioural failure rates "
+                             f"({metrics['behaviour']['cases']} sentences)"))
+    table.add_column("")
+    for name in names:
+        table.add_column(name, justify="right")
+    for row, cells in _short_text_rows(metrics):
+        table.add_row(row, *cells)
+    console.print(table)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _short_text_rows(metrics: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """The rows that say how the systems read short texts: accuracy by length, then the behavioural suite's failure
+    rates (overall and per capability), then the held-out counterfactual revisions; one cell per system of the
+    behavioural suite (``systems`` of metrics["behaviour"])."""
+    behaviour = metrics["behaviour"]["systems"]
+    names = list(behaviour)
+    rows = [(f"accuracy, {s['tokens']} tokens ({s['examples']})", [_percent(s["accuracy"].get(n)) for n in names])
+            for s in metrics["length_slices"]]
+    rows.append(("behaviour: failures, all", [_percent(behaviour[n]["failure_rate"]["all"]) for n in names]))
+    for capability, first in behaviour[names[0]]["capabilities"].items():
+        rows.append((f"  {capability} ({first['kind']}, {first['cases']})",
+                     [_percent(behaviour[n]["capabilities"][capability]["failure_rate"]) for n in names]))
+    if "counterfactual" in metrics:
+        c = metrics["counterfactual"]
+        for key in ("original", "revised", "both"):
+            rows.append((f"counterfactual {key}, accuracy ({c['pairs']} pairs)",
+                         [_percent(c["systems"][n][key]) for n in names]))
+    return rows
 
 
 # ------------------------------------------------------------------------- markdown
@@ -85,10 +118,23 @@ def write_markdown(path: Path, metrics: dict[str, Any]) -> None:
     lines += _table(["metric", *names], rows)
     for kind, baseline in metrics.get("baselines", {}).items():
         lo, hi = baseline["difference_ci95"]
-        lines += [f"Accuracy difference, transformer - {kind}: {baseline['transformer_minus_baseline']:+.4f} "
+        lines += [f"Accuracy difference, model - {kind}: {baseline['model_minus_baseline']:+.4f} "
                   f"(paired bootstrap 95% CI {lo:+.4f} to {hi:+.4f}).", ""]
     lines += [f"ECE: top-label expected calibration error over {metrics['bins']} equal-width confidence bins. "
               f"CIs: {metrics['bootstrap_resamples']} bootstrap resamples, seed {metrics['seed']}.", ""]
+
+    lines += ["## Short texts, negation and edits", "",
+              "Accuracy by length in the tokens the model reads (512+: truncated); failure rates of the behavioural "
+              "suite (`classify.behaviour`: mft = a labelled sentence answered wrong, inv = an answer changed by a "
+              "perturbation that should not change it); with `--counterfactual`, accuracy on the held-out edited "
+              "reviews whose label flipped (`classify.text.counterfactual`).", ""]
+    lines += _table(["", *metrics["behaviour"]["systems"]], [[md(r), *cells] for r, cells in _short_text_rows(metrics)])
+    for name, system in metrics["behaviour"]["systems"].items():
+        failing = [(c, e) for c, s in system["capabilities"].items() for e in s["examples"][:1]]
+        if failing:
+            lines += [f"Failing cases, {md(name)} (one per capability):", ""]
+            lines += [f"- {md(c)}: " + md(e["text"] + (f" / {e['perturbed']}" if "perturbed" in e else "")
+                                          + f" -> {metrics['labels'][e['predicted']]}") for c, e in failing] + [""]
 
     lines += ["## Per class", ""]
     lines += _table(["system", "class", "precision", "recall", "F1", "support"],
@@ -122,7 +168,7 @@ def write_markdown(path: Path, metrics: dict[str, Any]) -> None:
     else:
         lines += ["No plots (matplotlib is not installed: `pip install classify[plots]`).", ""]
 
-    for title, mistakes in (("transformer", metrics["mistakes"]), *metrics.get("baseline_mistakes", {}).items()):
+    for title, mistakes in (("model", metrics["mistakes"]), *metrics.get("baseline_mistakes", {}).items()):
         lines += [f"## Most confident mistakes ({title})", ""]
         if not mistakes:
             lines += ["None.", ""]

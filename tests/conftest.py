@@ -88,6 +88,33 @@ def parquet_data(tmp_path_factory) -> Path:
     return write_parquet_folder(tmp_path_factory.mktemp("parquet"))
 
 
+def flip(text: str) -> str:
+    """The review with each sentiment word swapped for one of the other polarity (a counterfactual revision)."""
+    swap = {**dict(zip(POSITIVE, NEGATIVE)), **dict(zip(NEGATIVE, POSITIVE))}
+    return " ".join(swap.get(w.strip(".").lower(), w) + ("." if w.endswith(".") and w.strip(".").lower() in swap
+                                                         else "") for w in text.split(" "))
+
+
+@pytest.fixture(scope="session")
+def counterfactual_data(tmp_path_factory) -> Path:
+    """Counterfactual pairs in the layout of ../shared/imdb-counterfactual: the first 40 training reviews of
+    ``parquet_data`` (the originals, as CAD's are IMDB training reviews) and their label-flipped revisions."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = synthetic_reviews(40, 0)
+    texts, labels, pairs, kinds = [], [], [], []
+    for pair, (text, label) in enumerate(rows):
+        texts += [text, flip(text)]
+        labels += [label, 1 - label]
+        pairs += [pair, pair]
+        kinds += ["original", "revised"]
+    folder = tmp_path_factory.mktemp("counterfactual")
+    pq.write_table(pa.table({"text": texts, "label": labels, "pair": pairs, "kind": kinds,
+                             "imdb_split": ["train"] * len(texts)}), folder / "train.parquet")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def unlabelled_data(tmp_path_factory) -> Path:
     """The parquet folder plus an unsupervised.parquet (label -1)."""

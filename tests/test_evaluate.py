@@ -10,8 +10,12 @@ import pytest
 from conftest import synthetic_reviews, write_csv
 from sklearn.metrics import accuracy_score, f1_score
 
+import torch
+
 from classify.errors import run_cli
-from classify.evaluate import (bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main,
+from classify.inference import load_run
+from classify.text.counterfactual import load_pairs
+from classify.evaluate import (run_probabilities, bootstrap_accuracy, classification_metrics, expected_calibration_error, fit_baseline, main,
                                run_training_split)
 from classify.report import md
 from classify.text.data import load_split, stratified_split, training_split
@@ -21,18 +25,18 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def report(trained_run, tmp_path_factory) -> Path:
+def report(trained_run, counterfactual_data, tmp_path_factory) -> Path:
     """One evaluation with the baseline, shared by the checks below (the run folder is not written to)."""
     out = tmp_path_factory.mktemp("report")
     assert main(["--model", str(trained_run), "--split", "test", "--output", str(out), "--baseline",
-                 "--bootstrap", "500", "--mistakes", "3", "--quiet"]) == 0
+                 "--bootstrap", "500", "--mistakes", "3", "--counterfactual", str(counterfactual_data), "--quiet"]) == 0
     return out
 
 
 def test_report_files_are_written_and_well_formed(report, trained_run):
     metrics = json.loads((report / "metrics.json").read_text())
     assert metrics["examples"] == 200 and metrics["split"] == "test" and metrics["labels"] == ["neg", "pos"]
-    assert list(metrics["systems"]) == ["transformer", "tfidf", "nbsvm"]
+    assert list(metrics["systems"]) == ["model", "transformer alone", "n-gram branch alone", "tfidf", "nbsvm"]
     for system in metrics["systems"].values():
         assert {"accuracy", "accuracy_ci95", "precision_macro", "recall_macro", "f1_macro", "per_class", "roc_auc",
                 "log_loss", "ece", "confusion_matrix", "reliability"} <= set(system)
@@ -40,8 +44,8 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
         assert lo <= system["accuracy"] <= hi and 0.8 < system["accuracy"] <= 1
         assert np.sum(system["confusion_matrix"]) == 200
         assert len(system["reliability"]["mean_predicted"]) == len(system["reliability"]["fraction_positive"])
-    # The transformer matches the accuracy train.py measured on the same test split.
-    assert metrics["systems"]["transformer"]["accuracy"] == pytest.approx(
+    # The model matches the accuracy train.py measured on the same test split.
+    assert metrics["systems"]["model"]["accuracy"] == pytest.approx(
         json.loads((trained_run / "test_metrics.json").read_text())["accuracy"], abs=0.02)
     for kind, grid_size in (("tfidf", 6), ("nbsvm", 4)):
         baseline = metrics["baselines"][kind]
@@ -49,8 +53,8 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
         by_c = baseline["validation_accuracy_by_C"]  # C chosen on the run's 80 validation reviews
         assert len(by_c) == grid_size and by_c[f"{baseline['C']:g}"] == max(by_c.values())
         lo, hi = baseline["difference_ci95"]
-        assert lo <= baseline["transformer_minus_baseline"] <= hi
-        assert baseline["transformer_minus_baseline"] == (metrics["systems"]["transformer"]["accuracy"]
+        assert lo <= baseline["model_minus_baseline"] <= hi
+        assert baseline["model_minus_baseline"] == (metrics["systems"]["model"]["accuracy"]
                                                           - metrics["systems"][kind]["accuracy"])
     assert len(metrics["mistakes"]) <= 3 and all(m["label"] != m["predicted"] for m in metrics["mistakes"])
     assert metrics["training"]["evaluations"] == 4
@@ -61,11 +65,52 @@ def test_report_files_are_written_and_well_formed(report, trained_run):
         assert (report / name).read_bytes().startswith(PNG)
     text = (report / "report.md").read_text()
     for heading in ("## Metrics", "## Per class", "## Confusion matrices", "## Calibration",
-                    "## Most confident mistakes (transformer)", "## Most confident mistakes (tfidf)",
-                    "## Most confident mistakes (nbsvm)", "Accuracy difference, transformer - nbsvm"):
+                    "## Short texts, negation and edits", "## Most confident mistakes (model)",
+                    "## Most confident mistakes (tfidf)", "## Most confident mistakes (nbsvm)",
+                    "Accuracy difference, model - nbsvm", "| behaviour: failures, all |"):
         assert heading in text
-    assert "| metric | transformer | tfidf | nbsvm |" in text and "](roc_curve.png)" in text
+    assert "| metric | model | transformer alone | n-gram branch alone | tfidf | nbsvm |" in text
+    assert "](roc_curve.png)" in text
     assert not list(report.glob(".*.tmp")) and not list(trained_run.glob("eval-*"))
+
+
+def test_report_slices_by_length_and_scores_the_behavioural_suite_for_every_system(report):
+    metrics = json.loads((report / "metrics.json").read_text())
+    slices = metrics["length_slices"]
+    assert [s["tokens"] for s in slices] == ["1-16", "17-64", "65-256", "257-511", "512+"]
+    assert sum(s["examples"] for s in slices) == metrics["examples"]
+    # Per system, the slices' accuracies weighted by their sizes are its accuracy.
+    for name, system in metrics["systems"].items():
+        weighted = sum(s["accuracy"][name] * s["examples"] for s in slices if s["examples"])
+        assert weighted / metrics["examples"] == pytest.approx(system["accuracy"])
+    behaviour = metrics["behaviour"]
+    assert list(behaviour["systems"]) == list(metrics["systems"])
+    for system in behaviour["systems"].values():
+        capabilities = system["capabilities"]
+        assert {"vocabulary", "negated positive", "negated negative", "contrast with but", "typos"} <= set(capabilities)
+        assert sum(c["cases"] for c in capabilities.values() if c["kind"] == "mft") + sum(
+            c["cases"] for c in capabilities.values() if c["kind"] == "inv") == behaviour["cases"]
+        failures = sum(c["failures"] for c in capabilities.values())
+        assert system["failure_rate"]["all"] == pytest.approx(failures / behaviour["cases"])
+        for c in capabilities.values():
+            assert c["failure_rate"] == c["failures"] / c["cases"] and len(c["examples"]) == min(3, c["failures"])
+
+
+def test_report_scores_the_held_out_counterfactual_pairs(report, trained_run, counterfactual_data):
+    metrics = json.loads((report / "metrics.json").read_text())
+    counterfactual = metrics["counterfactual"]
+    assert counterfactual["pairs"] == 10   # pair ids 0, 4, ..., 36 of the 40
+    pairs = load_pairs(counterfactual_data, held_out=True)
+    run = load_run(trained_run, torch.device("cpu"))
+    probabilities, _ = run_probabilities(run, pairs.texts().texts, torch.device("cpu"), None, 64)
+    for name, system in counterfactual["systems"].items():
+        assert system["both"] <= min(system["original"], system["revised"])
+        if name in probabilities:   # the model and its branches: the same answers as predicting the texts directly
+            right = probabilities[name].argmax(1) == np.asarray(pairs.texts().labels)
+            assert system["original"] == right[:10].mean() and system["revised"] == right[10:].mean()
+    # Each revision swaps every sentiment word, and the tiny model reads those words.
+    assert counterfactual["systems"]["model"]["revised"] >= 0.7
+    assert "| counterfactual revised, accuracy (10 pairs) |" in (report / "report.md").read_text()
 
 
 def test_metrics_agree_with_scikit_learn():

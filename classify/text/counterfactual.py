@@ -1,0 +1,63 @@
+"""Counterfactual pairs: IMDB reviews that people edited, with as few changes as they could, so that the label flips
+(Kaushik et al. 2020, ``../shared/imdb-counterfactual/``: columns text, label, pair, kind = original | revised).
+
+Two uses, kept apart by a fixed rule on the pair id:
+
+* training (``classify.train --counterfactual``): the pairs outside the held-out part, both texts, teach the model
+  that the edited words decide the label (a bag of n-grams that memorised the original cannot tell them apart);
+* measuring (``classify.evaluate --counterfactual``): the held-out pairs (``pair % HOLDOUT_EVERY == 0``, a quarter).
+  Their originals are IMDB training reviews, as in the public contrast sets of edited IMDB reviews, so accuracy
+  on their revisions asks what those sets ask: does the model read the edit, or recognise the review it was
+  trained on? Their revisions are never trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ClassifyError
+from .data import Examples, load_split
+
+HOLDOUT_EVERY = 4          # pair ids divisible by this are held out for measuring
+FILE = "train.parquet"
+
+
+@dataclass
+class Pairs:
+    """Counterfactual pairs: ``original`` and ``revised`` are parallel (row i of each is one pair)."""
+
+    ids: list[int]
+    original: Examples
+    revised: Examples
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def texts(self) -> Examples:
+        """Both texts of every pair, originals first."""
+        return Examples(self.original.texts + self.revised.texts, self.original.labels + self.revised.labels)
+
+
+def load_pairs(path: str | Path, held_out: bool) -> Pairs:
+    """The held-out pairs (``held_out``) or the others, from a folder holding ``train.parquet`` or from the file."""
+    path = Path(path).expanduser()
+    file = path / FILE if path.is_dir() else path
+    if not file.is_file():
+        raise ClassifyError(f"counterfactual pairs not found: {file} (a folder with {FILE}: text, label, pair, kind)")
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(file, columns=["text", "label", "pair", "kind"]).to_pydict()
+    except Exception as err:  # pyarrow raises several types for a missing column or a damaged file
+        raise ClassifyError(f"cannot read counterfactual pairs from {file}: {str(err).splitlines()[0]}") from None
+    load_split(str(file))  # the same checks as any labelled file: text present, labels 0/1
+    rows: dict[int, dict[str, tuple[str, int]]] = {}
+    for text, label, pair, kind in zip(table["text"], table["label"], table["pair"], table["kind"]):
+        rows.setdefault(int(pair), {})[kind] = (text, int(label))
+    ids = sorted(p for p, r in rows.items() if "original" in r and "revised" in r and (p % HOLDOUT_EVERY == 0) == held_out)
+    if not ids:
+        raise ClassifyError(f"{file} holds no complete {'held-out ' if held_out else ''}original/revised pairs")
+    original = Examples([rows[p]["original"][0] for p in ids], [rows[p]["original"][1] for p in ids])
+    revised = Examples([rows[p]["revised"][0] for p in ids], [rows[p]["revised"][1] for p in ids])
+    return Pairs(ids, original, revised)
