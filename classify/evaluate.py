@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                    "difference_ci95": intervals[f"{MODEL} - {kind}"]}
             for kind, b in baselines.items()}
     metrics["length_slices"] = length_slices(lengths, y, probabilities)
-    predict = {**_cached(run, device, dtype, args.batch_size),
+    predict = {**system_predictors(run, device, dtype, args.batch_size),
                **{kind: (lambda texts, b=b: b.probabilities(texts, len(run.labels))) for kind, b in baselines.items()}}
     metrics["behaviour"] = behaviour_report(predict, args.seed)
     if args.counterfactual:
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cached(run: LoadedRun, device, dtype, batch_size: int) -> dict[str, Any]:
+def system_predictors(run: LoadedRun, device, dtype, batch_size: int) -> dict[str, Any]:
     """name -> callable(texts) -> probabilities for the model and each of its branches, one pass per text list."""
     last: dict[str, Any] = {}
 

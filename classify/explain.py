@@ -42,12 +42,19 @@ class Explanation:
     """Word attributions over the normalised text of one review."""
 
     text: str                              # the normalised review
-    target: int                            # the class explained (the predicted one)
+    target: int                            # the class explained (``explained_class``)
     words: list[tuple[int, int, float]]    # (start, end, score) of each word the model read, in order
     segments: list[tuple[int, int]]        # character ranges the model read (two when the middle was cut)
 
     def word_scores(self) -> list[tuple[str, float]]:
         return [(self.text[start:end], score) for start, end, score in self.words]
+
+
+def explained_class(probabilities: np.ndarray) -> int:
+    """The class a review's words are explained towards: with two classes always the second (positive), so
+    green means "pushed towards positive" on every answer, a wrong one included (a word's colour then shows what it
+    did, not whether it agreed with the answer); with more classes the predicted one."""
+    return 1 if len(probabilities) == 2 else int(np.argmax(probabilities))
 
 
 def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, device: torch.device) -> np.ndarray:
@@ -139,6 +146,13 @@ def pieces(explanation: Explanation):
             yield explanation.text[w_start:w_end], score, score / scale
             position = w_end
             word = next(words, None)
+
+
+def legend(labels: list[str], target: int) -> tuple[str, str]:
+    """What green and red mean for an explanation towards class ``target``: ("towards pos", "towards neg") with
+    two classes, else ("towards X", "against X")."""
+    towards = f"towards {labels[target]}"
+    return towards, (f"towards {labels[1 - target]}" if len(labels) == 2 else f"against {labels[target]}")
 
 
 def _rgb(weight: float) -> tuple[int, int, int]:

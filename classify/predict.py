@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import html
 import json
 import sys
 import time
@@ -37,7 +38,7 @@ from .engine.files import atomic_path, write_text
 from .engine.progress import progress_bar
 from .engine.runfolder import WEIGHTS
 from .errors import ClassifyError, run_cli
-from .explain import Explanation, explain, to_html, to_rich
+from .explain import Explanation, explain, explained_class, legend, to_html, to_rich
 from .inference import RUNS_DIR, LoadedRun, classify_texts, open_run
 from .text.inputs import FORMATS, Inputs, Review, open_inputs
 
@@ -163,8 +164,9 @@ class TableWriter:
             label, score = p.label(self.labels)
             self.table.add_row(source, Text(label, style="bold"), f"{score:.3f}", Text(p.excerpt) + notes)
             if p.explanation is not None:
+                green, red = legend(self.labels, p.explanation.target)
                 self.panels.append(Panel(to_rich(p.explanation), title=Text(f"{p.review.source}: {label} {score:.3f}"),
-                                         subtitle=f"green: towards {label}, red: against", title_align="left"))
+                                         subtitle=f"green: {green}, red: {red}", title_align="left"))
 
     def close(self) -> None:
         self.console.print(self.table)
@@ -178,10 +180,11 @@ class HtmlWriter:
     def __init__(self, path: Path, labels: list[str], steps: int):
         self.path, self.labels = path, labels
         method = "gradient x input" if steps == 1 else f"integrated gradients ({steps} steps)"
+        green, red = legend(labels, 1) if len(labels) == 2 else ("towards the predicted label", "against it")
         self.parts = [f'<p class="classify-legend">Word attributions by {method} on the token embeddings: '
-                      f'<span style="background-color:rgb(100,255,100)">green</span> pushed towards the '
-                      f'predicted label, <span style="background-color:rgb(255,100,100)">red</span> against it. '
-                      f'Hover over a word for its score.</p>\n']
+                      f'<span style="background-color:rgb(100,255,100)">green</span> pushed {html.escape(green)}, '
+                      f'<span style="background-color:rgb(255,100,100)">red</span> {html.escape(red)}, whatever '
+                      f'the answer. Hover over a word for its score.</p>\n']
 
     def write(self, predictions: list[Prediction]) -> None:
         for p in predictions:
@@ -211,7 +214,7 @@ def classify_all(run: LoadedRun, inputs: Inputs, writers: list, device: torch.de
             for prediction in predictions:
                 counts["errors" if prediction.error else "predicted"] += 1
                 if explain_steps is not None and prediction.error is None:
-                    target = int(np.argmax(prediction.probabilities))
+                    target = explained_class(prediction.probabilities)
                     prediction.explanation = explain(run, prediction.text, target, explain_steps, device)
             for writer in writers:
                 writer.write(predictions)

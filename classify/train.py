@@ -34,14 +34,16 @@ from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
-from .inference import KIND, branch_logits_ids, encode_reviews, predict_ids, softmax
+from .inference import KIND, branch_logits_ids, encode_reviews, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import bag_logits, describe, self_train_ngram_bag
 from .text.batching import Collate
-from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
+from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
+from .text.counterfactual import load_pairs
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
+from .text.windows import SENTENCE_ENDS, closing_sentences
 
 
 @dataclass(kw_only=True)
@@ -90,9 +92,19 @@ class TrainConfig(ReviewRunConfig):
                                       "reviews, the validation split's too, for the model it keeps; the mix and the "
                                       "validation scores still use the first fit's logits, which have not seen "
                                       "those reviews. IMDB test: about +0.1 point (3 seeds)")
+    short_texts: bool = setting(True, "also train on the closing sentence of every training review, with its review's "
+                                      "target, and validate on those of the validation reviews: the mix and the "
+                                      "checkpoint are chosen on whole reviews and short texts alike (text.windows)")
+    counterfactual: str | None = setting(None, "counterfactual pairs to train on too (a folder with train.parquet, e.g. "
+                                               "../shared/imdb-counterfactual: IMDB training reviews and their "
+                                               "revisions edited so that the label flips); the held-out quarter and "
+                                               "pairs whose original is a validation review are left out")
+    counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
+                                            "n-gram branch is fitted on them once)", check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
-                                           "split", "ngram_c", "pseudo_labels", "soft_labels", "ngram_refit")
+                                           "split", "ngram_c", "pseudo_labels", "soft_labels", "ngram_refit",
+                                           "short_texts", "counterfactual", "counterfactual_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -116,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("data")
-    add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation"],
+    add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
+                               "counterfactual", "counterfactual_repeat", "short_texts"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -144,12 +157,53 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
 
 
 # ------------------------------------------------------------------------- the task
+@dataclass
+class Validation:
+    """What the checkpoint and the mix are chosen on: the validation reviews, then (with --short-texts) their closing
+    sentences; and, for a model with an n-gram branch, that branch's logits for all of them from its fit on the
+    training part alone (saved in the run folder at stage 1, so they stay held out when the kept branch is fitted
+    again on all labelled reviews)."""
+
+    ids: list[list[int]]
+    labels: list[int]
+    short: np.ndarray                 # (N,) bool: a closing sentence, not a whole review
+    ngram: np.ndarray | None = None   # (N, C) held-out n-gram logits
+
+    @classmethod
+    def build(cls, ids: list[list[int]], labels: list[int], ends: set[int] | None) -> "Validation":
+        """Whole reviews, then their closing sentences when ``ends`` (the sentence-end token ids) is given."""
+        shorts = closing_sentences(ids, ends) if ends is not None else []
+        return cls(ids + shorts, labels + labels[: len(shorts)],
+                   np.array([False] * len(ids) + [True] * len(shorts), dtype=bool))
+
+    def lengths(self) -> np.ndarray:
+        return np.array([max(1, len(x)) for x in self.ids])
+
+    def scores(self, transformer: np.ndarray) -> tuple[dict[str, float], np.ndarray | None]:
+        """Accuracies of the transformer alone and, with held-out n-gram logits, of the mix fitted on this
+        validation set (whole reviews and short texts apart), and the mix (2, 2) or None."""
+        y = np.asarray(self.labels)
+        whole, short = ~self.short, self.short
+
+        def acc(logits: np.ndarray, rows: np.ndarray) -> float | None:
+            return float((logits[rows].argmax(1) == y[rows]).mean()) if rows.any() else None
+
+        out = {"val_accuracy": acc(transformer, whole), "val_short_accuracy": acc(transformer, short)}
+        if self.ngram is None:
+            return out, None
+        mix = fit_mix(transformer, self.ngram, self.lengths(), y)
+        mixed = mixed_logits(mix, transformer, self.ngram, self.lengths())
+        out.update({"val_ngram_accuracy": acc(self.ngram, whole), "val_ngram_short_accuracy": acc(self.ngram, short),
+                    "val_mixed_accuracy": acc(mixed, whole), "val_mixed_short_accuracy": acc(mixed, short)})
+        return out, mix
+
+
 class ClassificationTask(Task):
-    """Reviews -> labels by cross-entropy; validation accuracy picks the best weights."""
+    """Reviews -> labels by cross-entropy; what ships (the mix, with an n-gram branch), on whole reviews and short
+    texts alike, picks the best weights."""
 
     def __init__(self, model: Classifier, train_ids: list[list[int]], train_labels: list[int] | np.ndarray,
-                 val_ids: list[list[int]], val_labels: list[int], config: TrainConfig, device: torch.device,
-                 dtype: torch.dtype | None):
+                 validation: Validation, config: TrainConfig, device: torch.device, dtype: torch.dtype | None):
         fixed = config.batching == "fixed"  # the naive pipeline: random batches padded to max_len
         self.model = model
         self.lengths = [len(x) for x in train_ids]
@@ -158,7 +212,7 @@ class ClassificationTask(Task):
         self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None)
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
         self.label_smoothing = config.label_smoothing
-        self.val_ids, self.val_labels, self.device, self.dtype = val_ids, val_labels, device, dtype
+        self.validation, self.device, self.dtype = validation, device, dtype
 
     def loss(self, model, batch):
         logits = model(batch["tokens"])  # (B, C)
@@ -174,29 +228,33 @@ class ClassificationTask(Task):
         return {"train_loss": sums["loss"] / n if n else None, "train_accuracy": sums["correct"] / n if n else None}
 
     def validate(self, model):
-        metrics = evaluate_ids(model, self.val_ids, self.val_labels, self.device, self.dtype, self.batch_size,
-                               shard=True)
-        return {"val_loss": metrics["loss"], "val_accuracy": metrics["accuracy"]}
+        v = self.validation
+        logits = transformer_logits(model, v.ids, self.device, self.dtype, self.batch_size * 2)
+        loss = metric_sums(softmax(logits[~v.short]), np.asarray(v.labels)[~v.short])
+        metrics, _ = v.scores(logits)
+        return {"val_loss": loss[0] / loss[2], **metrics}
 
     def score(self, metrics):
-        return metrics["val_accuracy"]
+        """Higher is better: what ships (the mix, with a branch), averaged over whole reviews and short texts."""
+        prefix = "val_mixed" if self.validation.ngram is not None else "val"
+        values = [metrics[f"{prefix}_accuracy"], metrics.get(f"{prefix}_short_accuracy")]
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values)
 
 
-@torch.inference_mode()
-def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], device, dtype,
-                 batch_size: int, shard: bool = False) -> dict[str, float]:
-    """Loss and accuracy over pre-tokenized examples.
-
-    ``shard``: called on every rank, each scores its share of the examples and the sums are
-    added up, so every rank gets the metrics of the whole set (not of its own share).
-    """
+def transformer_logits(model: Classifier, ids: list[list[int]], device, dtype, batch_size: int,
+                       shard: bool = True) -> np.ndarray:
+    """The transformer branch's logits (N, C) for pre-tokenized texts. ``shard``: called on every rank, each
+    scores its share and the shares are added up (a text's row is zero on the ranks that did not score it), so
+    every rank gets all N rows; otherwise this process scores them all."""
+    shard = shard and distributed.world_size() > 1
+    mine = list(range(distributed.rank(), len(ids), distributed.world_size())) if shard else list(range(len(ids)))
+    logits = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
+    if mine:
+        logits[mine] = branch_logits_ids(model, [ids[i] for i in mine], device, dtype, batch_size).transformer
     if shard:
-        ids, labels = distributed.shard(ids), distributed.shard(labels)
-    probs = (predict_ids(model, ids, device, dtype, batch_size=batch_size * 2) if ids
-             else np.zeros((0, model.config.num_classes)))
-    sums = metric_sums(probs, labels)
-    loss, correct, count = distributed.all_sum(sums) if shard else sums
-    return {"loss": loss / count, "accuracy": correct / count}
+        logits = np.asarray(distributed.all_sum(logits.ravel().tolist()), dtype=np.float32).reshape(logits.shape)
+    return logits
 
 
 def metric_sums(probs: np.ndarray, labels: list[int]) -> list[float]:
@@ -210,23 +268,20 @@ def accuracy(logits: np.ndarray, labels: list[int]) -> float:
     return float((logits.argmax(-1) == np.asarray(labels)).mean())
 
 
-def fit_branch_mix(run: RunFolder, model: Classifier, val_ids: list[list[int]], val_labels: list[int], device, dtype,
-                   batch_size: int, console: Console) -> dict | None:
-    """The last stage of a run with the n-gram branch: on the best weights, choose the mix of the transformer
-    and the branch (``classify.mix``) on validation, and store it in ``model.safetensors``."""
+# ------------------------------------------------------------------------ the stages
+def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device, dtype, batch_size: int,
+               console: Console) -> dict | None:
+    """Stage 3 of a run with the n-gram branch: on the best weights, fit the mix of the transformer and the branch
+    (``classify.mix``) on validation, whole reviews and short texts, and store it in ``model.safetensors``."""
     if not (run.path / WEIGHTS).exists():
         return None
     load_model_weights(model, run.path / WEIGHTS)
     record: dict = {}
-    if val_ids:
-        parts = branch_logits_ids(model, val_ids, device, dtype, batch_size * 2)
-        held_out = run.branch_validation(len(val_ids), model.config.num_classes)
-        if held_out is not None:  # the branch was fitted again on all labelled reviews: score the first fit
-            parts = parts._replace(ngram=held_out)
-        mix = fit_mix(parts.transformer, parts.ngram, parts.lengths, val_labels)
-        record["val_accuracy"] = {"transformer": accuracy(parts.transformer, val_labels),
-                                  "ngram": accuracy(parts.ngram, val_labels),
-                                  "mixed": accuracy(mixed_logits(mix, *parts), val_labels)}
+    if validation.ids:
+        logits = transformer_logits(model, validation.ids, device, dtype, batch_size * 2, shard=False)  # rank 0 alone
+        scores, mix = validation.scores(logits)
+        record["val_accuracy"] = {k.removeprefix("val_").removesuffix("_accuracy") or "transformer": v
+                                  for k, v in scores.items()}
     else:  # nothing to choose on: the two at equal weight
         mix = np.array([[1.0, 0.0], [1.0, 0.0]])
     model.mix.copy_(torch.as_tensor(mix, dtype=model.mix.dtype))
@@ -234,38 +289,42 @@ def fit_branch_mix(run: RunFolder, model: Classifier, val_ids: list[list[int]], 
     record["mix"] = np.round(mix, 4).tolist()
     console.log(f"mix of transformer and n-gram logits chosen on validation (per branch: constant, slope per "
                 f"log-token): {record['mix']}"
-                + (f", validation accuracy {record['val_accuracy']}" if val_ids else " (no validation: equal)"))
+                + (f", validation accuracy {record['val_accuracy']}" if validation.ids else " (no validation: equal)"))
     return record
 
 
-def prepare(run: RunFolder, model: Classifier, config: TrainConfig, train: tuple[list[list[int]], list[int]],
-            val: tuple[list[list[int]], list[int]], unlabelled_ids: list[list[int]], console: Console) -> np.ndarray:
+def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig, train: tuple[list[list[int]], list[int]],
+                    val: tuple[list[list[int]], list[int]], validation: Validation, unlabelled_ids: list[list[int]],
+                    console: Console) -> np.ndarray:
     """Stage 1 of a fresh run, before the transformer trains: fit the n-gram branch on ``train`` (ids, labels;
-    self-trained on the unlabelled reviews), label the unlabelled reviews for ``--pseudo-labels`` (kept in the
-    run folder), and with ``--ngram-refit`` keep the fit's validation logits and fit the branch again on
-    ``train`` and ``val`` together. Returns the teacher's class probabilities for the unlabelled reviews,
-    (N, C); N = 0 without pseudo-labels."""
+    with --ngram-self-train self-trained on the unlabelled reviews) and keep its logits for ``validation``
+    (held out: the mix and the checkpoint are chosen on them); label the unlabelled reviews for --pseudo-labels
+    (kept in the run folder); with --ngram-refit, fit the branch again on ``train`` and ``val`` (the whole
+    validation reviews) together, for the model it keeps. Without a branch in the model (--ngram-orders 0), the
+    recipe's branch is fitted as a teacher only, then dropped. Returns the teacher's class probabilities for the
+    unlabelled reviews, (N, C); N = 0 without pseudo-labels."""
     (train_ids, train_labels), (val_ids, val_labels) = train, val
     given = np.zeros((0, model.config.num_classes), dtype=np.float32)
-    if model.ngram is not None or (config.pseudo_labels and unlabelled_ids):
-        t = time.monotonic()
-        # Without a branch in the model (--ngram-orders 0), the branch the flags describe, with the default orders,
-        # is fitted as a teacher only, then dropped.
-        bag = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
-        refit = model.ngram is not None and config.ngram_self_train
-        given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=refit)
-        what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if refit else "")
-                if model.ngram is not None else "n-gram teacher")
-        console.log(f"{what} ({describe(bag.kinds)}; {bag.buckets:,} slots) fitted in {time.monotonic() - t:.0f}s"
-                    + (f"; its first fit labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews "
-                       f"{LABEL_NAMES[1]}" if len(given) else ""))
-        if model.ngram is not None and config.ngram_refit and val_ids:
+    if model.ngram is None and not (config.pseudo_labels and unlabelled_ids):
+        return given
+    t = time.monotonic()
+    bag = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
+    self_train = model.ngram is not None and config.ngram_self_train
+    given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=self_train)
+    what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if self_train else "")
+            if model.ngram is not None else "n-gram teacher")
+    console.log(f"{what} ({describe(bag.kinds)}; {bag.buckets:,} slots) fitted on {len(train_ids)} reviews in "
+                f"{time.monotonic() - t:.0f}s" + (f"; it labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled "
+                                                  f"reviews {LABEL_NAMES[1]}" if len(given) else ""))
+    if model.ngram is not None and validation.ids:
+        validation.ngram = bag_logits(bag, validation.ids).numpy()
+        run.save_branch_validation(validation.ngram)
+        if config.ngram_refit:
             t = time.monotonic()
-            run.save_branch_validation(bag_logits(bag, val_ids).numpy())
-            self_train_ngram_bag(bag, train_ids + val_ids, train_labels + val_labels, unlabelled_ids if refit else [],
-                                 config.ngram_c, refit=refit)
+            self_train_ngram_bag(bag, train_ids + val_ids, train_labels + val_labels,
+                                 unlabelled_ids if self_train else [], config.ngram_c, refit=self_train)
             console.log(f"n-gram branch fitted again on all {len(train_ids) + len(val_ids)} labelled reviews in "
-                        f"{time.monotonic() - t:.0f}s (the mix is chosen on the first fit's validation logits)")
+                        f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits)")
     if not (config.pseudo_labels and len(given)):
         return given[:0]
     run.save_pseudo_labels(given, "n-gram branch, first fit" if model.ngram is not None else "n-gram teacher")
@@ -283,6 +342,18 @@ def saved_pseudo_labels(run: RunFolder, count: int, num_classes: int) -> np.ndar
     return labels
 
 
+def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
+    """The counterfactual pairs --counterfactual trains on (both texts): those outside the held-out quarter whose
+    original is no validation review (its revision would tell validation the answer)."""
+    if not config.counterfactual:
+        return Examples([], [])
+    pairs = load_pairs(config.counterfactual, held_out=False)
+    seen = {normalize(t) for t in val.texts}
+    keep = [i for i, text in enumerate(pairs.original.texts) if normalize(text) not in seen]
+    return Examples([pairs.original.texts[i] for i in keep] + [pairs.revised.texts[i] for i in keep],
+                    [pairs.original.labels[i] for i in keep] + [pairs.revised.labels[i] for i in keep])
+
+
 # ---------------------------------------------------------------------- the command
 def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[int] | np.ndarray:
     """The targets of the labelled reviews, then of the pseudo-labelled ones (``given``: the teacher's
@@ -291,6 +362,15 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
     if not (soft and len(given)):
         return labels + given.argmax(1).tolist()
     return np.concatenate([np.eye(given.shape[1], dtype=np.float32)[labels], given.astype(np.float32)])
+
+
+def with_closing_sentences(ids: list[list[int]], targets: list[int] | np.ndarray, rows: list[int],
+                           ends: set[int]) -> tuple[list[list[int]], list[int] | np.ndarray]:
+    """The training examples plus the closing sentence of each of ``rows``, with that review's target."""
+    shorts = closing_sentences([ids[i] for i in rows], ends)
+    if isinstance(targets, np.ndarray):
+        return ids + shorts, np.concatenate([targets, targets[rows]])
+    return ids + shorts, targets + [targets[i] for i in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def train(args: argparse.Namespace, model_config: ClassifierConfig, config: TrainConfig, run: RunFolder,
           device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
-    """The training run of ``main``; under torchrun every rank runs it. Returns the exit code."""
+    """The training run of ``main``; under torchrun every rank runs it. Returns the exit code.
+
+    Data, then three stages in order: (1) ``fit_ngram_stage``: the n-gram branch or teacher, the pseudo-labels;
+    (2) ``fit``: the transformer, on the labelled, counterfactual, pseudo-labelled reviews and their closing
+    sentences, the checkpoint chosen on what ships; (3) ``choose_mix``; then one evaluation on the test split."""
     # ---- data: load, split (which settles the validation size), open the run folder, tokenize once
     t0 = time.monotonic()
     train_set, val_set = training_split(config.data, config.val_size, config.seed, config.limit, config.split)
@@ -316,6 +400,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         config.val_size = default_val_size(len(train_set) + len(val_set))
         console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
                     f"most 2,500; --val-size sets another number)")
+    counterfactual = counterfactual_examples(config, val_set)
     resuming = run.open(config, model_config, args.overwrite, args.resume)
 
     def make_tokenizer():
@@ -328,42 +413,63 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if model_config.ngram_negation:
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
-    train_ids = encode_reviews(tokenizer, train_set.texts, model_config.max_len, config.truncation)
-    val_ids = encode_reviews(tokenizer, val_set.texts, model_config.max_len, config.truncation)
-    console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}, "
-                f"vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return encode_reviews(tokenizer, texts, model_config.max_len, config.truncation)
+
+    train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
+    ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
+    validation = Validation.build(val_ids, val_set.labels, ends)
+    console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}"
+                + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
+                + (f", {int(validation.short.sum())} closing sentences to validate on" if ends else "")
+                + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
 
     model = Classifier(model_config).to(device)
     if config.init_from:  # on resume, last/ then replaces these weights
         load_pretrained_encoder(model, config.init_from)
-    unlabelled_ids = (encode_reviews(tokenizer, unlabelled_split(config.data, config.limit, config.seed).texts,
-                                     model_config.max_len, config.truncation)
+    unlabelled_ids = (encode(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
-    if resuming:  # the weights come from last/; the unlabelled reviews' labels from the run folder
+    labelled = (train_ids + counterfactual_ids, train_set.labels + counterfactual.labels)
+    if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
                  if config.pseudo_labels and unlabelled_ids else np.zeros((0, model_config.num_classes)))
+        if model.ngram is not None:
+            validation.ngram = distributed.on_main(lambda: run.branch_validation(len(validation.ids),
+                                                                                 model_config.num_classes))
     else:  # Stage 1: rank 0 alone; DDP gives every rank its weights when fit() wraps the model
-        given = distributed.on_main(lambda: prepare(run, model, config, (train_ids, train_set.labels),
-                                                    (val_ids, val_set.labels), unlabelled_ids, console))
-    # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training and validation see it alone).
-    if len(given):
-        console.log(f"training on {len(train_ids)} labelled + {len(given)} pseudo-labelled reviews"
-                    + (" (the teacher's probabilities as targets)" if config.soft_labels else ""))
-    task = ClassificationTask(model, train_ids + unlabelled_ids[: len(given)],
-                              training_targets(train_set.labels, given, config.soft_labels),
-                              val_ids, val_set.labels, config, device, dtype)
+        given = distributed.on_main(lambda: fit_ngram_stage(run, model, config, labelled, (val_ids, val_set.labels),
+                                                            validation, unlabelled_ids, console))
+        validation.ngram = distributed.broadcast_object(validation.ngram)
+    # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
+    # are repeated; closing sentences are cut from the labelled and pseudo-labelled reviews, not from the pairs,
+    # whose two texts often end alike under opposite labels.
+    ids = train_ids + counterfactual_ids * config.counterfactual_repeat + unlabelled_ids[: len(given)]
+    targets = training_targets(train_set.labels + counterfactual.labels * config.counterfactual_repeat, given,
+                               config.soft_labels)
+    if ends is not None:
+        reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
+        ids, targets = with_closing_sentences(ids, targets, reviews, ends)
+    console.log(f"training the transformer on {len(train_ids)} labelled reviews"
+                + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
+                   if counterfactual_ids else "")
+                + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
+                                                                 if config.soft_labels else "") if len(given) else "")
+                + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else ""))
+    task = ClassificationTask(model, ids, targets, validation, config, device, dtype)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
     if result.interrupted:
         return 130
     if distributed.is_main():  # rank 0's model alone from here
-        # Stage 3: the two branches' weights, chosen on validation; then one evaluation on the test split.
-        mix = (fit_branch_mix(run, model, val_ids, val_set.labels, device, dtype, config.batch_size, console)
+        # Stage 3: the mix, chosen on validation; then one evaluation on the test split.
+        mix = (choose_mix(run, model, validation, device, dtype, config.batch_size, console)
                if model.ngram is not None else None)
         test_metrics = (None if args.no_test else
                         evaluate_test(run, config, model, tokenizer, device, dtype, console, mix))
-        rows = [("best validation accuracy" + (" (transformer alone)" if mix else ""), f"{result.state['best']:.4f}")]
+        rows = [("best validation score" + (" (mixed; whole reviews and short texts)" if mix else ""),
+                 f"{result.state['best']:.4f}")]
         if mix and "val_accuracy" in mix:
             rows.append(("validation accuracy, mixed", f"{mix['val_accuracy']['mixed']:.4f}  (mix {mix['mix']})"))
         if test_metrics:

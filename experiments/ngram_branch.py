@@ -13,7 +13,12 @@ comma-separated list of changes to plain 1-3-grams in 4,194,301 slots (an empty 
   minimum count of 2, a vocabulary of 200,000 asked for is every word seen twice);
 * ``len=N``: the tokens kept per review (head+tail); the transformer needs a cut, the branch less so;
 * ``self``: fitted, then the source's unlabelled reviews labelled by that fit, then fitted again on
-  both (``--ngram-self-train``, ``classify.ngrams.self_train_ngram_bag``).
+  both (``--ngram-self-train``, ``classify.ngrams.self_train_ngram_bag``);
+* ``neg=N``: words up to N tokens after a negator read as negated words (``--ngram-negation``).
+
+Beside validation and test accuracy, each variant's failure rates on the behavioural suite's labelled sentences
+(``classify.behaviour``; all of them, and the negated positives and negatives): the suite is only scored, never
+used to choose.
 
 Each variant costs 1-4 minutes on one core (features, liblinear; tokenizing once per vocabulary).
 """
@@ -27,19 +32,21 @@ import time
 import numpy as np
 import torch
 
+from classify.behaviour import build_suite, score, suite_texts, summary
 from classify.inference import encode_reviews
 from classify.ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
 from classify.text.data import load_split, normalize, training_split
-from classify.text.tokenize import train_tokenizer
+from classify.text.tokenize import CLAUSE_BREAKS, NEGATORS, token_ids, train_tokenizer
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
 
 ORDERS = 3
-PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False}
+PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
+         "neg": 0}
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
-                    "len=100000", "vocab=200000")
+                    "len=100000", "vocab=200000", "skip,head=30,tail=60,buckets=16777259,neg=4")
 
 
 def parse_variant(text: str) -> dict:
@@ -49,13 +56,21 @@ def parse_variant(text: str) -> dict:
         key, _, value = part.partition("=")
         if key not in PLAIN or (value == "") != isinstance(PLAIN[key], bool) or (value and not value.isdigit()):
             raise argparse.ArgumentTypeError(f"a variant is a comma-separated list of skip, self, head=N, tail=N, "
-                                             f"buckets=N, vocab=N, len=N; got {text!r}")
+                                             f"buckets=N, vocab=N, len=N, neg=N; got {text!r}")
         variant[key] = True if value == "" else int(value)
     return variant
 
 
 def accuracy(bag: NgramBag, ids: list[list[int]], labels: list[int]) -> float:
     return float((bag_logits(bag, ids).argmax(dim=1).numpy() == np.asarray(labels)).mean())
+
+
+def behaviour(bag: NgramBag, tokenizer, length: int) -> dict[str, float]:
+    """The branch's failure rates on the behavioural suite's labelled sentences: all, and per capability."""
+    suite = [c for c in build_suite() if c.kind == "mft"]
+    ids = encode_reviews(tokenizer, suite_texts(suite), length, "head+tail")
+    scores = score(suite, bag_logits(bag, ids).argmax(dim=1).numpy())
+    return {"mft": summary(scores)["mft"], **{name: s["failure_rate"] for name, s in scores.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,27 +105,32 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         ids = {name: encode(v, name, texts) for name, texts in
                (("train", train.texts), ("val", val.texts), ("test", test.texts))}
-        size = tokenizers[v["vocab"]].get_vocab_size()
-        bag = NgramBag(size, 2, ORDERS, v["buckets"], 0, v["skip"], v["head"], v["tail"])
+        tokenizer = tokenizers[v["vocab"]]
+        size = tokenizer.get_vocab_size()
+        bag = NgramBag(size, 2, ORDERS, v["buckets"], 0, v["skip"], v["head"], v["tail"], v["neg"],
+                       tuple(token_ids(tokenizer, NEGATORS)), tuple(token_ids(tokenizer, CLAUSE_BREAKS)))
         self_train_ngram_bag(bag, ids["train"], train.labels,
                              encode(v, "unlabelled", unlabelled) if v["self"] else [], args.c)
         row = {**v, "vocab_asked": v["vocab"], "vocab": size, "features": describe(bag.kinds),
                "unlabelled": len(unlabelled) if v["self"] else 0,
                "val_accuracy": accuracy(bag, ids["val"], val.labels),
                "test_accuracy": accuracy(bag, ids["test"], test.labels),
-               "seconds": round(time.monotonic() - start)}
+               "behaviour": behaviour(bag, tokenizer, v["len"]), "seconds": round(time.monotonic() - start)}
         rows.append(row)
         print(row, flush=True)
     meta = experiment_meta("experiments.ngram_branch", argv if argv is not None else sys.argv[1:])
     lines = [f"Command: `{meta['command']}` ({meta['date']}); {len(train)} training / {len(val)} validation reviews "
              f"(grouped split, seed {args.seed}), C = {args.c}, {args.threads} thread(s). Seconds include tokenizing "
              f"where a vocabulary or cut is first used.", "",
-             "| features | slots | vocabulary | tokens kept | self-trained on | val acc | test acc | seconds |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| features | slots | vocabulary | tokens kept | self-trained on | val acc | test acc | suite failures: "
+             "labelled / negated pos / negated neg | seconds |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         extra = f"{r['unlabelled']:,} unlabelled" if r["self"] else "-"
+        b = r["behaviour"]
         lines.append(f"| {r['features']} | {r['buckets']:,} | {r['vocab']:,} | {r['len']} | {extra} | "
-                     f"{r['val_accuracy']:.4f} | {r['test_accuracy']:.4f} | {r['seconds']} |")
+                     f"{r['val_accuracy']:.4f} | {r['test_accuracy']:.4f} | {b['mft']:.1%} / "
+                     f"{b['negated positive']:.1%} / {b['negated negative']:.1%} | {r['seconds']} |")
     write_results(results_folder(args), "ngram_branch", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
 

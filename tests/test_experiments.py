@@ -143,11 +143,13 @@ def test_ngram_branch_scores_each_variant_alone(unlabelled_data, tmp_path):
     from experiments.ngram_branch import main as branch_main
 
     argv = ["--data", str(unlabelled_data), "--variants", "vocab=200,len=64,buckets=1009",
-            "vocab=200,len=64,buckets=1009,self,skip,tail=8", "--results", str(tmp_path)]
+            "vocab=200,len=64,buckets=1009,self,skip,tail=8,neg=3", "--results", str(tmp_path)]
     assert branch_main(argv) == 0
     rows = json.loads((tmp_path / "ngram_branch.json").read_text())["rows"]
     assert [(r["len"], r["self"], r["unlabelled"]) for r in rows] == [(64, False, 0), (64, True, 600)]
-    assert [r["features"] for r in rows] == ["1-3-grams", "1-3-grams, skip-bigrams, 1-3-grams of the last 8 tokens"]
+    assert [r["features"] for r in rows] == ["1-3-grams", "1-3-grams, skip-bigrams, 1-3-grams of the last 8 tokens, "
+                                                          "negation scope of 3 tokens"]
+    assert all(0 <= r["behaviour"]["negated positive"] <= 1 for r in rows)
     assert all(0.5 < r["test_accuracy"] <= 1 and 0.5 < r["val_accuracy"] <= 1 for r in rows)
     table = (tmp_path / "ngram_branch.md").read_text()
     assert f"| 1,009 | {rows[1]['vocab']} | 64 | 600 unlabelled |" in table
@@ -161,3 +163,17 @@ def test_ngram_branch_variants_are_checked():
     for bad in ("skip=1", "tail", "colour=3", "len=x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
+
+
+def test_behaviour_tables_every_system_of_every_run(trained_run, counterfactual_data, tmp_path):
+    from experiments.behaviour import main as behaviour_main
+
+    assert behaviour_main(["--runs", str(trained_run), "--counterfactual", str(counterfactual_data),
+                           "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "behaviour.json").read_text())
+    systems = record["runs"][str(trained_run)]["behaviour"]["systems"]
+    assert list(systems) == ["model", "transformer alone", "n-gram branch alone"]
+    assert record["runs"][str(trained_run)]["counterfactual"]["pairs"] == 10
+    table = (tmp_path / "behaviour.md").read_text()
+    rate = systems["model"]["capabilities"]["negated positive"]["failure_rate"]
+    assert f"| negated positive (mft, 200) | {100 * rate:.1f}% |" in table and "| counterfactual revised |" in table

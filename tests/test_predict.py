@@ -171,7 +171,11 @@ def test_explanations_json_and_escaped_html(trained_run, tmp_path, capsys):
     html_file = tmp_path / "why.html"
     records = run_json(capsys, "--model", str(trained_run), "--explain-html", str(html_file), evil, "", GOOD[1])
     words = records[0]["explanation"]["words"]
-    assert records[0]["explanation"]["target"] == records[0]["label"]
+    # Explained towards "pos" whatever the answer: the negative review's worst words score below zero.
+    assert records[0]["explanation"]["target"] == records[0]["label"] == "pos"
+    assert records[2]["label"] == "neg" and records[2]["explanation"]["target"] == "pos"
+    assert min(records[2]["explanation"]["words"], key=lambda w: w[1])[0].strip(",.") in {"Awful", "boring", "worst",
+                                                                                         "waste"}
     assert [w for w, _ in words] == ["Superb", "<script>alert('x')</script>", "film", "—", "très", "bien"]
     assert "explanation" not in records[1] and "explanation" in records[2]
     snippet = html_file.read_text(encoding="ascii")
@@ -179,7 +183,8 @@ def test_explanations_json_and_escaped_html(trained_run, tmp_path, capsys):
     assert snippet.count('class="classify-explanation"') == 2
     # The table view renders the same explanation as coloured text.
     assert main(["--model", str(trained_run), "--explain", "--explain-steps", "1", GOOD[0]]) == 0
-    assert "green: towards pos" in capsys.readouterr().out
+    assert "green: towards pos, red: towards neg" in capsys.readouterr().out
+    assert "red</span> towards neg" in snippet
 
 
 def test_attributions_use_the_models_tokens_and_add_up(trained_run):

@@ -86,6 +86,14 @@ def test_explain_gives_word_attributions_and_the_review_redrawn(client):
     assert max(abs(w) for w in weights) == pytest.approx(1.0)
 
 
+def test_explanations_point_towards_positive_whatever_the_answer(client):
+    # A negative answer is still explained towards "pos": its negative words score below zero (drawn red).
+    prediction = client.post("/v1/explain", json={"text": "An awful and boring film.", "steps": 4}).json()[
+        "predictions"][0]
+    assert prediction["label"] == "neg" and prediction["explanation"]["target"] == "pos"
+    assert min(prediction["explanation"]["words"], key=lambda w: w[1])[0] in {"awful", "boring"}
+
+
 def test_health_readiness_and_model_description(client, service):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ready", "model": service.id}

@@ -23,7 +23,9 @@ from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
 from classify.text.data import training_split
-from classify.train import ClassificationTask, TrainConfig, main, training_targets
+from classify.text.counterfactual import load_pairs
+from classify.text.windows import closing_sentence
+from classify.train import ClassificationTask, TrainConfig, Validation, main, training_targets
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
              "last/state.json"]
@@ -204,8 +206,9 @@ def test_unlabelled_reviews_labelled_by_the_ngram_model_train_the_transformer_to
             saved = json.loads(labels.read_text())
             assert saved["count"] == len(saved["labels"]) == 600 and set(saved["labels"]) == {0, 1}
             assert saved["teacher"] == ("n-gram teacher" if name == "pure" else "n-gram branch, first fit")
-    # One epoch, 16 reviews a batch: 320 labelled reviews, or those and the 600 unlabelled ones.
-    assert (steps["plain"], steps["pseudo"], steps["pure"]) == (20, 58, 58)
+    # One epoch, 16 texts a batch: 320 labelled reviews and their closing sentences, or those and the 600 unlabelled
+    # ones and theirs.
+    assert (steps["plain"], steps["pseudo"], steps["pure"]) == (40, 115, 115)
     assert "ngram.weight" not in load_file(str(tmp_path / "pure" / "model.safetensors"))  # the teacher is not kept
 
 
@@ -219,7 +222,8 @@ def test_soft_labels_put_the_teachers_probabilities_into_the_loss():
 
     model = Classifier(vocab_size=16, num_classes=2, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=8).eval()
     ids = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
-    task = ClassificationTask(model, ids, targets, [], [], TrainConfig(data="unused"), torch.device("cpu"), None)
+    task = ClassificationTask(model, ids, targets, Validation([], [], np.zeros(0, dtype=bool)),
+                              TrainConfig(data="unused"), torch.device("cpu"), None)
     batch = task.collate([2, 0, 3])
     assert batch["labels"].dtype == torch.float32 and batch["labels"].shape == (3, 2)
     loss, sums = task.loss(model, batch)
@@ -286,3 +290,34 @@ def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, t
     assert run_cli(main, argv[:5] + ["4"] + argv[6:]) == 2
     err = capsys.readouterr().err
     assert "holds labels for 2 unlabelled reviews, the source has 600" in err and len(err.strip().splitlines()) == 1
+
+
+def test_counterfactual_pairs_train_both_branches_and_validation_reads_short_texts(parquet_data, counterfactual_data,
+                                                                                    tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 "--counterfactual", str(counterfactual_data), "--counterfactual-repeat", "3",
+                 *TINY_MODEL_ARGS]) == 0
+    # The pairs trained on: outside the held-out quarter, and not those whose original is a validation review.
+    train, val = training_split(str(parquet_data), 80, 0)
+    pairs = load_pairs(counterfactual_data, held_out=False)
+    kept = sum(1 for t in pairs.original.texts if t not in set(val.texts))
+    assert 0 < kept < len(pairs) + 1 and len(pairs) == 30
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(320 + 2 * kept * 3 + 320) // 16)   # reviews, pairs x 3, the reviews' closing sentences
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"val_accuracy", "val_short_accuracy", "val_mixed_accuracy", "val_mixed_short_accuracy"} <= set(record)
+    held_out = json.loads((out / "branch_validation.json").read_text())
+    assert held_out["count"] == 80 + 80   # the n-gram branch's held-out logits: reviews and closing sentences
+
+
+def test_closing_sentences_are_the_last_sentence_long_enough_and_capped():
+    ends = {1, 2}   # "." and "!"
+    assert closing_sentence([5, 6, 1, 7, 8, 9, 10, 1], ends) == [7, 8, 9, 10, 1]
+    assert closing_sentence([5, 6, 7, 8, 1, 9, 1, 2, 2], ends) == [5, 6, 7, 8, 1, 9, 1, 2, 2]   # too short: one more
+    assert closing_sentence([5, 6, 7], ends) == [5, 6, 7]                                       # no end mark
+    long = list(range(10, 110))
+    assert closing_sentence([5, 1] + long, ends) == long[-48:]
+    validation = Validation.build([[5, 6, 1, 7, 8, 9, 10, 1], [3, 4]], [1, 0], ends)
+    assert validation.ids[2:] == [[7, 8, 9, 10, 1], [3, 4]] and validation.labels == [1, 0, 1, 0]
+    assert validation.short.tolist() == [False, False, True, True]

@@ -65,7 +65,9 @@ class Piece(BaseModel):
 
 
 class Explanation(BaseModel):
-    target: str = Field(description="the class explained (the predicted one)")
+    target: str = Field(description="the class the scores point towards (with two classes the second, positive "
+                                    "one, whatever the answer; else the predicted one): a positive score pushed "
+                                    "towards it")
     words: list[tuple[str, float]] = Field(description="each word the model read with its attribution")
     pieces: list[Piece] = Field(description="the review re-drawn: its words and the text between them")
 

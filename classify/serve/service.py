@@ -11,13 +11,12 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..engine.files import read_json, read_jsonl
 from ..engine.runfolder import METRICS, TEST_METRICS, WEIGHTS
 from ..errors import ClassifyError
-from ..explain import Explanation, explain
+from ..explain import Explanation, explain, explained_class
 from ..inference import LoadedRun, TextResult, classify_texts
 
 
@@ -45,9 +44,10 @@ class ModelService:
         return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
 
     def explain(self, texts: list[str], steps: int) -> list[Explained]:
-        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``)."""
+        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``),
+        towards ``explained_class`` (the positive class of two, whatever the answer)."""
         return [Explained(r, None if r.probabilities is None else
-                          explain(self.run, r.text, int(np.argmax(r.probabilities)), steps, self.device))
+                          explain(self.run, r.text, explained_class(r.probabilities), steps, self.device))
                 for r in self.predict(texts)]
 
     def describe(self) -> dict[str, Any]:

@@ -1,0 +1,37 @@
+"""Short texts cut from whole reviews: each review's closing sentence, as token ids.
+
+People type a sentence or two; IMDB's reviews are ~230 words. A review's last sentence is where its verdict tends
+to be ("Avoid it.", "I loved every minute."), so it keeps the review's label more often than a sentence from the
+middle does. ``classify.train`` uses these windows twice: as short training texts with their review's target, and
+as a short-text validation set cut from the validation reviews (reported beside whole-review validation, and part
+of what chooses the mix and the checkpoint). Cut from the training data alone: no test text, no template.
+"""
+
+from __future__ import annotations
+
+SENTENCE_ENDS = (".", "!", "?")
+MIN_TOKENS = 4      # a closing "Enjoy!" says little: sentences shorter than this take the one before too
+MAX_TOKENS = 48     # a run-on last sentence keeps its last tokens
+
+
+def closing_sentence(ids: list[int], ends: set[int], min_tokens: int = MIN_TOKENS,
+                     max_tokens: int = MAX_TOKENS) -> list[int]:
+    """The review's last sentence (with its end mark), extended backwards by whole sentences to at least
+    ``min_tokens`` words, then cut to its last ``max_tokens`` tokens; a review without sentence ends is its own
+    last sentence."""
+    stop = len(ids)
+    while stop and ids[stop - 1] in ends:   # trailing marks ("!!!") belong to the last sentence
+        stop -= 1
+    start = stop
+    while start > 0:
+        start -= 1
+        while start > 0 and ids[start - 1] not in ends:
+            start -= 1
+        if sum(1 for t in ids[start:stop] if t not in ends) >= min_tokens:
+            break
+    return ids[max(start, len(ids) - max_tokens):]
+
+
+def closing_sentences(reviews: list[list[int]], ends: set[int]) -> list[list[int]]:
+    """``closing_sentence`` of each review (token id lists), in order."""
+    return [closing_sentence(ids, ends) for ids in reviews]
