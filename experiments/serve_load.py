@@ -12,6 +12,17 @@ changing load falls on all alike. Reported per level: requests/s, p50/p99 latenc
 number of texts per worker batch, and the load generator's own CPU per request (it shares the
 machine with the servers); and, as a reference, the model's arithmetic alone in milliseconds
 per review, one at a time and batched. Every loop is bounded; the servers are stopped at the end.
+
+With ``--open-loop 0.5 0.8 0.95`` it runs the open-loop test instead, as real users load a server: one
+server (batching on) per --threads; its capacity is measured closed-loop (--capacity-clients clients,
+--rounds rounds of --requests); then requests arrive at those fractions of capacity, Poisson-spaced and
+independent of the answers, for --seconds each. Latency counts from when a request was due, so a load
+generator that falls behind cannot hide queueing. The serving efficiency is the capacity over what the
+model alone (no HTTP, this process, the server's threads and precision) does on the batch sizes the
+server ran at capacity:
+
+    python -m experiments.serve_load --model runs/small --threads 2 --open-loop 0.5 0.8 0.95 \\
+        --capacity-clients 32 --seconds 20 --output experiments/results/serve_open_loop
 """
 
 from __future__ import annotations
@@ -77,7 +88,25 @@ def sample_reviews(path: Path, n: int, seed: int) -> list[str]:
 
     texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
     rng = np.random.default_rng(seed)
-    return [texts[i] for i in rng.choice(len(texts), size=n, replace=False)]
+    return [texts[i] for i in rng.choice(len(texts), size=min(n, len(texts)), replace=False)]
+
+
+async def post_review(http, url: str, text: str) -> str | None:
+    """POST one review to /v1/predict: None when answered 200, else what went wrong."""
+    import aiohttp
+
+    try:
+        async with http.post(f"{url}/v1/predict", json={"text": text}) as r:
+            body = await r.read()
+            return None if r.status == 200 else f"{r.status}: {body[:200].decode(errors='replace')}"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+async def batch_stats(http, url: str) -> dict:
+    """The server's batch counts (GET /v1/model): batches, texts, and the sizes of the last 100."""
+    async with http.get(f"{url}/v1/model") as r:
+        return (await r.json())["runtime"]["batches"]
 
 
 async def load_round(url: str, reviews: list[str], clients: int) -> dict:
@@ -97,28 +126,22 @@ async def load_round(url: str, reviews: list[str], clients: int) -> dict:
     async def client(http: aiohttp.ClientSession) -> None:
         for text in queue:
             start = time.perf_counter()
-            try:
-                async with http.post(f"{url}/v1/predict", json={"text": text}) as r:
-                    body = await r.read()
-                    if r.status != 200:
-                        failures.append(f"{r.status}: {body[:200].decode(errors='replace')}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                failures.append(f"{type(err).__name__}: {err}")
+            if (failure := await post_review(http, url, text)) is not None:
+                failures.append(failure)
             latencies.append(time.perf_counter() - start)
-
-    async def batches(http: aiohttp.ClientSession) -> dict:
-        async with http.get(f"{url}/v1/model") as r:
-            return (await r.json())["runtime"]["batches"]
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
-        before = await batches(http)
+        before = await batch_stats(http, url)
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        after = await batches(http)
+        after = await batch_stats(http, url)
     return {"latencies": latencies, "failures": failures, "seconds": seconds, "client_cpu": cpu,
-            "texts": after["texts"] - before["texts"], "batches": after["batches"] - before["batches"]}
+            "texts": after["texts"] - before["texts"], "batches": after["batches"] - before["batches"],
+            # the sizes of this round's batches (its last 100 at most)
+            "recent_batches": after["recent"][-(after["batches"] - before["batches"]):]
+            if after["batches"] > before["batches"] else []}
 
 
 def summary(clients: int, rounds: list[dict]) -> dict:
@@ -156,6 +179,99 @@ def run_threads(args: argparse.Namespace, threads: int, reviews: list[str]) -> t
                 print(f"--threads {threads}, batching {mode}: {json.dumps(levels[mode][-1])}", flush=True)
         with urllib.request.urlopen(f"{urls['on']}/v1/model", timeout=60) as answer:
             return levels, json.load(answer)
+
+
+async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: float, seed: int) -> dict:
+    """Requests at ``rate`` per second for ``seconds``, their gaps drawn from an exponential distribution
+    (Poisson arrivals), each sent when due whatever the earlier ones are doing. Latency runs from when the
+    request was due, so time the generator itself was late counts against the server, not for it."""
+    import aiohttp
+
+    due = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, size=max(1, round(rate * seconds))))
+    latencies: list[float] = []
+    failures: list[str] = []
+    late: list[float] = []
+
+    async def one(http: aiohttp.ClientSession, text: str, at: float) -> None:
+        if (failure := await post_review(http, url, text)) is not None:
+            failures.append(failure)
+        latencies.append(time.perf_counter() - at)
+
+    # No connection limit: a limit would queue requests in the client, which is the closed loop again.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        before = await batch_stats(http, url)
+        tasks = []
+        start, cpu = time.perf_counter(), time.process_time()
+        for i, offset in enumerate(due):
+            at = start + offset
+            if (wait := at - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            late.append(time.perf_counter() - at)
+            tasks.append(asyncio.create_task(one(http, reviews[i % len(reviews)], at)))
+        await asyncio.gather(*tasks)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        after = await batch_stats(http, url)
+    ms = np.array(latencies) * 1000
+    return {"target_per_s": round(rate, 1), "offered_per_s": round(len(due) / due[-1], 1), "requests": len(ms),
+            "failures": len(failures),
+            "failure_examples": failures[:3], "served_per_s": round((len(ms) - len(failures)) / wall, 1),
+            **{f"p{q}_ms": round(float(np.percentile(ms, q)), 1) for q in (50, 95, 99)},
+            "max_send_late_ms": round(max(late) * 1000, 1), "client_cpu_ms": round(cpu / len(ms) * 1000, 2),
+            "mean_batch": round((after["texts"] - before["texts"]) / max(after["batches"] - before["batches"], 1), 1)}
+
+
+def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict) -> dict:
+    """Reviews/s of the model alone (no HTTP, in this process) on batches of ``sizes`` texts, through
+    ``inference.classify_texts`` with the server's batching settings, as its worker calls it; best of 2
+    after a warm-up."""
+    import torch
+
+    from classify.engine.config import runtime
+    from classify.inference import classify_texts, load_run
+
+    device, dtype = runtime(argparse.Namespace(device="cpu", precision=precision, threads=threads))
+    run = load_run(model, device)
+    starts = np.cumsum([0, *sizes])
+
+    def once() -> float:
+        begin = time.perf_counter()
+        for first, size in zip(starts, sizes):
+            batch = [reviews[(first + k) % len(reviews)] for k in range(size)]
+            classify_texts(run, batch, device, dtype, limits["max_batch"], max_tokens=limits["max_batch_tokens"])
+        return time.perf_counter() - begin
+
+    with torch.inference_mode():
+        once()
+        seconds = min(once() for _ in range(2))
+    return {"threads": threads, "precision": str(dtype).removeprefix("torch.") if dtype else "fp32",
+            "batches": len(sizes), "mean_batch": round(float(np.mean(sizes)), 1),
+            "reviews_per_s": round(sum(sizes) / seconds, 1)}
+
+
+def run_open_loop(args: argparse.Namespace, threads: int, reviews: list[str]) -> tuple[dict, dict]:
+    """One server (batching on): its capacity closed-loop, then each fraction of it open-loop; then, with the
+    server stopped, the model alone on the batch sizes the server ran at capacity. Also what the server
+    says of its model."""
+    with serve_process(args.model, "--threads", str(threads), "--precision", args.precision,
+                       "--log-level", "warning") as url:
+        asyncio.run(load_round(url, reviews[:20], 4))   # warm up
+        n = max(args.requests, 3 * args.capacity_clients)
+        rounds = [asyncio.run(load_round(url, reviews[:n], args.capacity_clients)) for _ in range(args.rounds)]
+        capacity = summary(args.capacity_clients, rounds)
+        print(f"--threads {threads}, capacity: {json.dumps(capacity)}", flush=True)
+        levels = []
+        for k, fraction in enumerate(args.open_loop):
+            level = asyncio.run(open_loop_round(url, reviews, fraction * capacity["requests_per_s"], args.seconds,
+                                                args.seed + k))
+            levels.append({"fraction": fraction, **level})
+            print(f"--threads {threads}, {fraction:.0%} of capacity: {json.dumps(levels[-1])}", flush=True)
+        with urllib.request.urlopen(f"{url}/v1/model", timeout=60) as answer:
+            info = json.load(answer)
+    sizes = [size for r in rounds for size in r["recent_batches"]]
+    alone = model_alone(args.model, reviews, sizes, threads, args.precision, info["runtime"]["limits"])
+    return {"capacity": capacity, "open_loop": levels, "model_alone": alone,
+            "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
 
 
 def compute_reference(model: str, reviews: list[str], threads: int, limits: dict) -> dict:
@@ -213,11 +329,54 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def open_loop_markdown(result: dict) -> str:
+    lines = [f"# Serving load test, open loop ({result['date']})", "",
+             f"Command: `{result['command']}`", "",
+             f"Model: {result['model']['id']} ({result['model']['parameters']:,} parameters, "
+             f"max_len {result['model']['sizes']['max_len']}); single real IMDB test reviews; server limits "
+             f"{result['server_limits']}; {result['cpu_count']} CPUs ({result['cpu_model']}), flags: "
+             f"{', '.join(result['cpu_flags']) or 'none of note'}; load average before/after: "
+             f"{result['load_before']} / {result['load_after']}.", ""]
+    for threads, r in result["runs"].items():
+        c, alone = r["capacity"], r["model_alone"]
+        lines += [f"## --threads {threads}, precision {alone['precision']}", "",
+                  f"Capacity (closed loop, {c['clients']} clients, {c['requests']} requests in {c['rounds']} rounds): "
+                  f"**{c['requests_per_s']} reviews/s**, p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
+                  f"{c['failures']} failures, mean batch {c['mean_batch']}. The model alone on the same "
+                  f"{alone['batches']} batches (mean {alone['mean_batch']} texts): {alone['reviews_per_s']} "
+                  f"reviews/s. Serving efficiency: **{r['efficiency']:.0%}**.", "",
+                  "| load | target/s | offered/s (drawn) | served/s | requests | p50 ms | p95 ms | p99 ms | failures "
+                  "| mean batch | sender late, max ms | client CPU ms/request |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {lv['fraction']:.0%} | {lv['target_per_s']} | {lv['offered_per_s']} | {lv['served_per_s']} | "
+                  f"{lv['requests']} | "
+                  f"{lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} | "
+                  f"{lv['max_send_late_ms']} | {lv['client_cpu_ms']} |" for lv in r["open_loop"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def cpu_has_bf16() -> bool:
+    return "avx512_bf16" in cpu_flags()
+
+
+# The flags that decide how fast the model runs on a CPU: vector width, bf16 arithmetic, matrix units.
+NOTED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
     try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return []
+    return [f for f in NOTED_FLAGS if f in flags]
+
+
+def cpu_model() -> str:
+    try:
+        return re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1)
+    except (OSError, AttributeError):
+        return "unknown CPU"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,11 +391,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="the server's --threads, each in turn")
     p.add_argument("--seed", type=int, default=0, help="which reviews are sampled")
     p.add_argument("--output", type=Path, help="write OUTPUT.json and OUTPUT.md")
+    g = p.add_argument_group("open loop")
+    g.add_argument("--open-loop", type=float, nargs="+", metavar="FRACTION",
+                   help="run the open-loop test instead: requests arriving at these fractions of the measured "
+                        "capacity, e.g. 0.5 0.8 0.95")
+    g.add_argument("--capacity-clients", type=int, default=32, help="closed-loop clients that measure the capacity")
+    g.add_argument("--seconds", type=float, default=20.0, help="how long each open-loop level runs")
+    g.add_argument("--precision", default="auto", help="the server's --precision (and the model-alone reference's)")
     return p
+
+
+def main_open_loop(args: argparse.Namespace, argv: list[str] | None) -> int:
+    # Distinct reviews for a level of up to 500 requests/s (a file with fewer is used round and round).
+    reviews = sample_reviews(args.data, max(args.requests, 3 * args.capacity_clients, round(args.seconds * 500)),
+                             args.seed)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    runs, server = {}, {}
+    for threads in args.threads:
+        runs[str(threads)], server = run_open_loop(args, threads, reviews)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"),
+              "command": "python -m experiments.serve_load " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "model": {k: server[k] for k in ("id", "parameters", "sizes")},
+              "server_limits": server["runtime"]["limits"], "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+              "cpu_flags": cpu_flags(), "cpu_bf16": cpu_has_bf16(), "load_before": load_before,
+              "load_after": [round(x, 2) for x in os.getloadavg()], "runs": runs}
+    write(result, open_loop_markdown(result), args.output)
+    return 0
+
+
+def write(result: dict, report: str, output: Path | None) -> None:
+    print(report)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        output.with_suffix(".md").write_text(report, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.open_loop:
+        return main_open_loop(args, argv)
     reviews = sample_reviews(args.data, max(args.requests, 3 * max(args.clients)), args.seed)
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs: dict[str, dict[str, list[dict]]] = {}
@@ -251,11 +445,7 @@ def main(argv: list[str] | None = None) -> int:
               "requests": args.requests, "rounds": args.rounds, "cpu_bf16": cpu_has_bf16(), "cpu_count": os.cpu_count(),
               "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()], "runs": runs,
               "compute_reference": reference}
-    print(markdown(result))
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        args.output.with_suffix(".md").write_text(markdown(result), encoding="utf-8")
+    write(result, markdown(result), args.output)
     return 0
 
 

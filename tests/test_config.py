@@ -10,14 +10,18 @@ import pytest
 import torch
 
 from classify import pretrain, train
-from classify.engine.config import from_args, runtime
+from classify.engine.config import RuntimeConfig, from_args, runtime
 from classify.errors import ClassifyError, run_cli
 from classify.models import ClassifierConfig, TransformerConfig
 from classify.seq2seq import cli as seq2seq_cli
 from classify.seq2seq.task import Seq2SeqTrainConfig
+from classify.serve.__main__ import build_parser as serve_parser
+from classify.serve.limits import Limits
 
-# Flags that say how to run a command, not what the run is (config.json does not store them).
-INVOCATION = {"help", "output", "resume", "overwrite", "quiet", "dist_timeout", "no_test", "layers"}
+# Flags that say how to run a command, not what the run is (config.json does not store them); the server's say
+# what to serve and where.
+INVOCATION = {"help", "output", "resume", "overwrite", "quiet", "dist_timeout", "no_test", "layers",
+              "model", "host", "port", "log_level", "access_log", "api_key"}
 
 
 def seq2seq_train_parser() -> argparse.ArgumentParser:
@@ -28,11 +32,15 @@ def seq2seq_train_parser() -> argparse.ArgumentParser:
 
 PARSERS = [(train.build_parser, train.TrainConfig, ClassifierConfig),
            (pretrain.build_parser, pretrain.PretrainConfig, ClassifierConfig),
-           (seq2seq_train_parser, Seq2SeqTrainConfig, TransformerConfig)]
+           (seq2seq_train_parser, Seq2SeqTrainConfig, TransformerConfig),
+           (serve_parser, Limits, RuntimeConfig)]   # the server has no model config: its runtime flags instead
 
 
-@pytest.mark.parametrize("make_parser, config, model", PARSERS, ids=["train", "pretrain", "seq2seq"])
+@pytest.mark.parametrize("make_parser, config, model", PARSERS, ids=["train", "pretrain", "seq2seq", "serve"])
 def test_every_flag_is_a_field_named_by_the_rule(make_parser, config, model):
+    every = [a for a in make_parser()._actions if a.help != argparse.SUPPRESS]
+    for action in every:   # invocation flags too: one name, --num-heads for num_heads
+        assert "--" + action.dest.replace("_", "-") in action.option_strings, action.option_strings
     actions = [a for a in make_parser()._actions if a.dest not in INVOCATION]
     known = {f.name for f in fields(config)} | {f.name for f in fields(model)}
     for action in actions:

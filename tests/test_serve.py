@@ -32,8 +32,8 @@ def service(trained_run):
     return ModelService(run, torch.device("cpu"), None, Limits().max_batch, Limits().max_batch_tokens)
 
 
-def client_for(service, raise_server_exceptions: bool = True, **limits) -> TestClient:
-    return TestClient(create_app(service, Limits(**limits)), raise_server_exceptions=raise_server_exceptions)
+def client_for(service, raise_server_exceptions: bool = True, api_key: str | None = None, **limits) -> TestClient:
+    return TestClient(create_app(service, Limits(**limits), api_key), raise_server_exceptions=raise_server_exceptions)
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +379,7 @@ def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
 @pytest.mark.parametrize("args, message", [
     (["--model", "{missing}", "--port", "0"], "run folder not found"),
     (["--model", "{run}", "--max-batch", "0"], "--max-batch must be positive"),
-    (["--model", "{run}", "--max-delay-ms", "-1"], "--max-delay-ms must be at least 0"),
+    (["--model", "{run}", "--max-delay-ms", "-1"], "--max-delay-ms must not be negative"),
     (["--model", "{run}", "--max-queue", "0"], "--max-queue must be positive"),
     (["--model", "{run}", "--port", "70000"], "--port must be between 0 and 65535"),
     (["--model", "{run}", "--host", "203.0.113.9"], "cannot listen on 203.0.113.9 port 8000"),

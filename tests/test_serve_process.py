@@ -64,9 +64,27 @@ def test_load_generator_records_every_mode_without_failures(trained_run, parquet
     assert reference["threads"] == 1 and reference["one_at_a_time_ms"] > 0 and reference["batched_ms"] > 0
 
 
+def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run, parquet_data, tmp_path):
+    out = tmp_path / "open_loop"
+    assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--threads", "1",
+                      "--open-loop", "0.5", "0.8", "--seconds", "1", "--requests", "16", "--rounds", "1",
+                      "--capacity-clients", "4", "--precision", "fp32", "--output", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    run = result["runs"]["1"]
+    assert run["capacity"]["failures"] == 0 and run["capacity"]["requests_per_s"] > 0
+    assert [lv["fraction"] for lv in run["open_loop"]] == [0.5, 0.8]
+    for level in run["open_loop"]:
+        assert level["failures"] == 0 and level["requests"] >= 1 and level["p50_ms"] <= level["p99_ms"]
+        assert level["target_per_s"] == pytest.approx(level["fraction"] * run["capacity"]["requests_per_s"], abs=0.1)
+    assert run["model_alone"]["precision"] == "fp32" and run["model_alone"]["reviews_per_s"] > 0
+    assert run["efficiency"] == pytest.approx(run["capacity"]["requests_per_s"] / run["model_alone"]["reviews_per_s"],
+                                              abs=1e-3)
+    assert "| 80% |" in out.with_suffix(".md").read_text() and result["cpu_flags"] is not None
+
+
 # --------------------------------------------------------------------- real browser
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: the real-browser test of the web page did not run "
                     f"(apt-get install -y chromium, or set CLASSIFY_CHROMIUM to a Chromium binary)")
@@ -74,11 +92,16 @@ def page(server):
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page()
-            page.goto(server + "/")
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(server, browser):
+    page = browser.new_page()
+    page.goto(server + "/")
+    return page
 
 
 def test_web_page_classifies_a_review_and_shades_its_words(page, tmp_path):
@@ -113,3 +136,21 @@ def test_web_page_shows_an_empty_review_as_an_error_in_words(page):
     page.wait_for_selector("#error:not([hidden])", timeout=15_000)
     assert "the text is empty" in page.inner_text("#error")
     assert page.is_hidden("#result")
+
+
+def test_web_page_sends_the_api_key_it_keeps_in_the_browser(trained_run, browser):
+    with serve_process(trained_run, "--threads", "1", "--log-level", "warning", "--api-key", "page-key") as url:
+        page = browser.new_page()
+        page.goto(url + "/")
+        page.fill("#text", "A wonderful film.")
+        page.click("#classify")
+        page.wait_for_selector("#error:not([hidden])", timeout=15_000)
+        assert "needs a key" in page.inner_text("#error")
+        page.fill("#api-key", "page-key")
+        page.dispatch_event("#api-key", "change")
+        page.click("#classify")
+        page.wait_for_selector("#result:not([hidden])", timeout=15_000)
+        assert page.inner_text("#label").startswith("pos (")
+        page.reload()   # kept in localStorage: the next visit sends it without asking again
+        assert page.input_value("#api-key") == "page-key"
+        page.wait_for_function("document.querySelector('#model').textContent.startsWith('tiny@')", timeout=15_000)

@@ -76,6 +76,15 @@ def setting(default: Any = MISSING, help: str = "", **kwargs: Any) -> Any:
     return field(default=default, metadata={"setting": Setting(help, **kwargs)})
 
 
+def check_settings(config: Any) -> None:
+    """Run each field's check on a settings dataclass: a ClassifyError naming the flag for the first that fails."""
+    for f in fields(config):
+        check, value = f.metadata["setting"].check, getattr(config, f.name)
+        problem = check(value) if check is not None and value is not None else None
+        if problem:
+            raise ClassifyError(f"{flag(f.name)} {problem}, got {value}")
+
+
 # The model configs (classify.models) stay free of command-line text: their fields' help is here.
 MODEL_SETTINGS = {
     "d_model": Setting("model width"),
@@ -166,11 +175,7 @@ class RunConfig(RuntimeConfig):
     def validate(self, model: Any) -> None:
         """Every field's check, then the model config's own (``model``: its dataclass), as one-line errors
         that name the flag. Subclasses add checks that involve several settings."""
-        for f in fields(self):
-            check, value = f.metadata["setting"].check, getattr(self, f.name)
-            problem = check(value) if check is not None and value is not None else None
-            if problem:
-                raise ClassifyError(f"{flag(f.name)} {problem}, got {value}")
+        check_settings(self)
         try:
             model.validate()
         except ValueError as err:

@@ -5,7 +5,9 @@
     service.py    the loaded run: predict, explain, describe (through ``classify.inference``)
     schemas.py    request and response bodies (pydantic; the OpenAPI page at /docs)
     errors.py     JSON errors for everything that goes wrong, and the request-body limit
-    app.py        the FastAPI application: routes and the worker's life cycle
+    auth.py       the optional API key on /v1/* (--api-key, $CLASSIFY_API_KEY)
+    metrics.py    GET /metrics (Prometheus): requests, errors, latency, queue depth, batch sizes, rejections
+    app.py        the FastAPI application: routes, middleware, X-Model-Version, the worker's life cycle
     page.html     the web page at / (self-contained: no CDN, works on a closed network)
     __main__.py   the command: load the run, then uvicorn
 

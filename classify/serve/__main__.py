@@ -10,23 +10,27 @@ stderr and exit status 2, as with the other commands.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import socket
 import sys
 
 from rich.console import Console
 
-from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, from_args, runtime
 from ..errors import ClassifyError, run_cli
 from ..inference import RUNS_DIR, open_run
 from .limits import Limits
+
+ENV_KEY = "CLASSIFY_API_KEY"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m classify.serve",
         description="Serve a trained classifier over HTTP: POST /v1/predict and /v1/explain, GET /v1/model, "
-                    "/healthz, /readyz, the OpenAPI page at /docs and a web page at /. Concurrent requests are "
-                    "answered together in length-bucketed batches by one worker thread.",
+                    "/healthz, /readyz, /metrics (Prometheus), the OpenAPI page at /docs and a web page at /. "
+                    "Concurrent requests are answered together in length-bucketed batches by one worker thread.",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("model")
@@ -38,35 +42,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
                    help="uvicorn's log level")
     g.add_argument("--access-log", action="store_true", help="log every request (costs time under load)")
-    g = p.add_argument_group("batching and limits")
-    defaults = Limits()
-    g.add_argument("--max-batch", type=int, default=defaults.max_batch,
-                   help="most texts answered together; 1 = no batching (one request at a time)")
-    g.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens,
-                   help="padded tokens per forward pass: a batch runs as length buckets of at most this many "
-                        "(on a CPU, padding a short review to a long one costs more than batching saves)")
-    g.add_argument("--max-delay-ms", type=float, default=defaults.max_delay_ms,
-                   help="how long the first request of a batch waits for others to join it")
-    g.add_argument("--max-body-mb", type=float, default=defaults.max_body_mb,
-                   help="largest request body in MiB (larger: 413)")
-    g.add_argument("--max-texts", type=int, default=defaults.max_texts, help="most texts in one request")
-    g.add_argument("--max-explain-texts", type=int, default=defaults.max_explain_texts,
-                   help="most texts in one /v1/explain request (an explanation costs about as much as "
-                        "predicting 'steps' texts, and holds the worker meanwhile)")
-    g.add_argument("--max-queue", type=int, default=defaults.max_queue,
-                   help="most texts waiting for the model (an explanation counts as texts x steps); a request "
-                        "past it is refused at once with 503 and Retry-After, so that overload cannot grow "
-                        "the wait of the requests taken without bound")
-    g.add_argument("--keep-alive-s", type=float, default=defaults.keep_alive_s,
-                   help="seconds an idle HTTP connection stays open (above the usual clients' pool expiry, so "
-                        "a pooled connection is not closed under a request that reuses it)")
+    g.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); the page, "
+                                     f"/healthz, /readyz and /metrics stay open. Default: ${ENV_KEY}, which "
+                                     f"keeps the key out of the process list")
+    add_flags(p.add_argument_group("batching and limits"), Limits)
     return p
+
+
+def exposure_warning(address: str, api_key: str | None) -> str | None:
+    """A warning when ``address`` (the IP the server listens on) is reachable from other machines and no API
+    key is set: anyone who can reach the port may then use the model."""
+    if api_key or ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        return None
+    return (f"warning: listening on {address} without an API key: anyone who can reach this port can use the "
+            f"API; set --api-key or ${ENV_KEY} (or listen on 127.0.0.1)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    limits = Limits(args.max_batch, args.max_batch_tokens, args.max_delay_ms, args.max_body_mb, args.max_texts,
-                    args.max_explain_texts, args.max_queue, args.keep_alive_s)
+    limits = from_args(Limits, args)
+    api_key = args.api_key or os.environ.get(ENV_KEY) or None
     if not 0 <= args.port <= 65535:
         raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
     try:
@@ -87,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(stderr=True)
         device, dtype = runtime(args)
         run = open_run(args.model, device, dtype, console)
-        app = create_app(ModelService(run, device, dtype, limits.max_batch, limits.max_batch_tokens), limits)
+        app = create_app(ModelService(run, device, dtype, limits.max_batch, limits.max_batch_tokens), limits, api_key)
         host, port = sock.getsockname()[:2]
+        if warning := exposure_warning(host, api_key):
+            console.print(warning, style="yellow", highlight=False, soft_wrap=True)
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
         config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,

@@ -1,7 +1,9 @@
-"""The FastAPI application: routes, the web page, and the micro-batch worker's life cycle.
+"""The FastAPI application: routes, the web page, the middleware around them, and the micro-batch worker's
+life cycle.
 
 Routes only translate between HTTP and ``ModelService``; all model work is handed to the
 ``MicroBatcher`` thread and awaited, so the event loop stays free to take requests meanwhile.
+Middleware, outermost first: request metrics, the X-Model-Version header, the API key, the body limit.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from importlib import resources
 import numpy as np
 import torch
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..explain import pieces
 from ..inference import TextResult
+from .auth import BearerAuth
 from .errors import BodyLimit, UserError, error_response, install_handlers
 from .limits import Limits
+from .metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from .microbatch import MicroBatcher
 from .schemas import (ErrorResponse, ExplainedPrediction, ExplainRequest, ExplainResponse, ModelInfo, Piece,
                       Prediction, PredictRequest, PredictResponse, Status)
@@ -28,6 +33,23 @@ from .service import ModelService
 
 READY_TIMEOUT = 5.0   # seconds a readiness probe may wait behind queued work before it says "not ready"
 READY_PROBE = "ready?"
+VERSION_HEADER = "X-Model-Version"
+
+
+class ModelHeader:
+    """ASGI middleware: every answer names the model that gave it (``VERSION_HEADER: name@version``), so a
+    client or a proxy's log can tell which weights answered across a deploy."""
+
+    def __init__(self, app: ASGIApp, model_id: str):
+        self.app, self.header = app, (VERSION_HEADER.lower().encode(), model_id.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_header if scope["type"] == "http" else send)
 
 
 def _prediction(result: TextResult, labels: list[str]) -> dict:
@@ -56,11 +78,13 @@ def _check_read(results: list[TextResult]) -> None:
                     f"give a review in each")
 
 
-def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
-    """The application for one loaded model. Its worker thread starts and stops with the app's lifespan
-    (uvicorn, or ``with TestClient(app)``)."""
+def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
+    """The application for one loaded model; with ``api_key``, ``/v1/*`` need it as a bearer token. Its
+    worker thread starts and stops with the app's lifespan (uvicorn, or ``with TestClient(app)``)."""
+    metrics = Metrics(service.identity)
     batcher: MicroBatcher[TextResult] = MicroBatcher(service.predict, limits.max_batch, limits.max_delay_ms / 1000,
-                                                     limits.max_queue)
+                                                     limits.max_queue, on_batch=metrics.batch_texts.observe)
+    metrics.watch(batcher)
     labels = service.run.labels
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
@@ -78,8 +102,15 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
                   responses={422: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
                              400: {"model": ErrorResponse}, 503: {"model": ErrorResponse}})
     app.state.batcher = batcher
+    # The 500 answer is made outside all middleware (Starlette's ServerErrorMiddleware): it reads these.
+    app.state.answer_headers = {VERSION_HEADER: service.id}
     install_handlers(app)
+    # add_middleware wraps what was added before: the last one added runs first.
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)
+    app.add_middleware(ModelHeader, model_id=service.id)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=lambda: [r.path for r in app.routes])
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> str:
@@ -116,6 +147,11 @@ def create_app(service: ModelService, limits: Limits = Limits()) -> FastAPI:
                    "precision": str(service.dtype).removeprefix("torch.") if service.dtype else "fp32",
                    "threads": torch.get_num_threads(), "limits": asdict(limits), "batches": asdict(batcher.stats)}
         return ModelInfo(**service.describe(), runtime=runtime)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        """Counters, latency and batch-size histograms and the queue depth, for a Prometheus scraper."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz", response_model=Status, response_model_exclude_none=True)
     async def healthz() -> Status:

@@ -23,7 +23,7 @@ from .schemas import ErrorResponse
 log = logging.getLogger("classify.serve")
 
 API_SUMMARY = ("GET / (the web page), POST /v1/predict, POST /v1/explain, GET /v1/model, GET /healthz, "
-               "GET /readyz, GET /docs")
+               "GET /readyz, GET /metrics, GET /docs")
 
 
 class UserError(Exception):
@@ -94,7 +94,8 @@ async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("error answering %s %s", request.method, request.url.path)
     return error_response(500, f"internal error ({type(exc).__name__}: {exc}); the server is still running, "
-                               "please report this with the request that caused it")
+                               "please report this with the request that caused it",
+                          headers=getattr(request.app.state, "answer_headers", None))
 
 
 def install_handlers(app: FastAPI) -> None:

@@ -1,34 +1,40 @@
-"""How the server batches and bounds requests: the flags of ``python -m classify.serve``.
+"""How the server batches and bounds requests: settings of ``python -m classify.serve``, declared as the
+trainers' are (``classify.engine.config``: field ``max_batch`` is flag ``--max-batch``, with its help and check).
 
 Kept free of web-framework imports so that ``--help`` and flag errors work without the serve extra.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from ..errors import ClassifyError
+from ..engine.config import check_settings, non_negative, positive, setting
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
-    max_batch: int = 64           # texts the worker gathers into one batch; 1 = no batching (one request at a time)
-    max_batch_tokens: int = 2048  # padded tokens per forward pass: a batch is cut into length buckets of this size
-    max_delay_ms: float = 5.0     # how long the first request of a batch waits for others to join it
-    max_body_mb: float = 10.0     # request body limit (a 5 MB review still fits; it is truncated)
-    max_texts: int = 256          # texts per request
-    max_explain_texts: int = 8    # texts per /v1/explain request (each costs a batch of --steps passes)
-    max_queue: int = 256          # texts waiting for the model; past it a request gets 503 + Retry-After
-    keep_alive_s: float = 65.0    # how long an idle HTTP connection stays open
-
-    ZERO_ALLOWED = ("max_delay_ms", "keep_alive_s")   # 0: no waiting for company / no keep-alive
+    max_batch: int = setting(64, "most texts answered together; 1 = no batching (one request at a time)",
+                             check=positive)
+    max_batch_tokens: int = setting(2048, "padded tokens per forward pass: a batch runs as length buckets of at "
+                                          "most this many (on a CPU, padding a short review to a long one costs "
+                                          "more than batching saves)", check=positive)
+    max_delay_ms: float = setting(5.0, "how long the first request of a batch waits for others to join it "
+                                       "(0: no waiting for company)", check=non_negative)
+    max_body_mb: float = setting(10.0, "largest request body in MiB (larger: 413; a 5 MB review still fits, "
+                                       "truncated)", check=positive)
+    max_texts: int = setting(256, "most texts in one request", check=positive)
+    max_explain_texts: int = setting(8, "most texts in one /v1/explain request (an explanation costs about as "
+                                        "much as predicting 'steps' texts, and holds the worker meanwhile)",
+                                     check=positive)
+    max_queue: int = setting(256, "most texts waiting for the model (an explanation counts as texts x steps); a "
+                                  "request past it is refused at once with 503 and Retry-After, so that overload "
+                                  "cannot grow the wait of the requests taken without bound", check=positive)
+    keep_alive_s: float = setting(65.0, "seconds an idle HTTP connection stays open (above the usual clients' "
+                                        "pool expiry, so a pooled connection is not closed under a request that "
+                                        "reuses it; 0: no keep-alive)", check=non_negative)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value, zero_ok = getattr(self, f.name), f.name in self.ZERO_ALLOWED
-            if value < 0 or (value == 0 and not zero_ok):
-                flag = "--" + f.name.replace("_", "-")
-                raise ClassifyError(f"{flag} must be {'at least 0' if zero_ok else 'positive'}, got {value}")
+        check_settings(self)
 
     @property
     def max_body_bytes(self) -> int:

@@ -63,6 +63,7 @@ class BatchStats:
     batches: int = 0
     texts: int = 0
     largest: int = 0
+    rejected: int = 0                                 # requests refused past max_queue (503)
     recent: list[int] = field(default_factory=list)   # sizes of the last ``RECENT`` batches
 
     RECENT = 100
@@ -78,8 +79,10 @@ class MicroBatcher(Generic[R]):
     """Runs ``predict(texts) -> one result per text`` on a worker thread, batching requests."""
 
     def __init__(self, predict: Callable[[list[str]], list[R]], max_batch: int, max_delay: float,
-                 max_queue: int | None = None):
+                 max_queue: int | None = None, on_batch: Callable[[int], None] | None = None):
+        """``on_batch(size)`` is called on the worker thread after each batch (the server's metrics)."""
         self.predict_fn, self.max_batch, self.max_delay, self.max_queue = predict, max_batch, max_delay, max_queue
+        self.on_batch = on_batch
         self.stats = BatchStats()
         self._queue: queue.Queue = queue.Queue()
         self._waiting = 0                  # texts submitted and not yet taken by the worker
@@ -120,6 +123,7 @@ class MicroBatcher(Generic[R]):
         new = _Job(loop.create_future(), loop, **job)
         with self._waiting_lock:
             if self.max_queue is not None and self._waiting + new.size > self.max_queue and self._waiting:
+                self.stats.rejected += 1
                 raise Overloaded(f"the server is busy: {self._waiting} texts are already waiting for the model "
                                  f"(its --max-queue is {self.max_queue}); retry in a moment")
             self._waiting += new.size
@@ -164,6 +168,8 @@ class MicroBatcher(Generic[R]):
     def _predict(self, texts: list[str]) -> list[R]:
         results = self.predict_fn(texts)
         self.stats.add(len(texts))
+        if self.on_batch is not None:
+            self.on_batch(len(texts))
         return results
 
     @staticmethod

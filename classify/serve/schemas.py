@@ -89,7 +89,10 @@ class Status(BaseModel):
 class ModelInfo(BaseModel):
     """What is loaded and how it is served."""
 
-    id: str
+    id: str = Field(description="name@version: the model of every answer and its X-Model-Version header")
+    name: str = Field(description="the run folder's name")
+    version: str = Field(description="the first 12 hex digits of sha256: changes exactly when the weights do")
+    sha256: str = Field(description="SHA-256 of the weights file (model.safetensors)")
     run: str = Field(description="the run folder")
     labels: list[str]
     parameters: int

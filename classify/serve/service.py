@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,11 +27,35 @@ class Explained:
     explanation: Explanation | None    # None when the text had nothing to read
 
 
-def model_id(run: LoadedRun) -> str:
-    """Run folder name @ the first 12 hex digits of the weights' SHA-256: names the model that answers,
-    and changes when the weights do."""
-    digest = hashlib.sha256((run.path / WEIGHTS).read_bytes()).hexdigest()[:12]
-    return f"{run.path.name}@{digest}"
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces (a model file can be hundreds of MiB: never all in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(chunk):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which model answers: the run folder's name, a version (the first 12 hex digits of the weights'
+    SHA-256, so it changes exactly when the weights do) and the whole hash. Computed once, at load."""
+
+    name: str
+    sha256: str
+
+    @property
+    def version(self) -> str:
+        return self.sha256[:12]
+
+    @property
+    def id(self) -> str:
+        """``name@version``: the ``model`` of every answer and its X-Model-Version header."""
+        return f"{self.name}@{self.version}"
+
+    @classmethod
+    def of(cls, run: LoadedRun) -> "ModelIdentity":
+        return cls(run.path.name, file_sha256(run.path / WEIGHTS))
 
 
 class ModelService:
@@ -38,7 +63,8 @@ class ModelService:
                  max_tokens: int | None = None):
         self.run, self.device, self.dtype = run, device, dtype
         self.batch_size, self.max_tokens = batch_size, max_tokens
-        self.id = model_id(run)
+        self.identity = ModelIdentity.of(run)
+        self.id = self.identity.id
 
     def predict(self, texts: list[str]) -> list[TextResult]:
         return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
@@ -56,6 +82,9 @@ class ModelService:
         run = self.run
         return {
             "id": self.id,
+            "name": self.identity.name,
+            "version": self.identity.version,
+            "sha256": self.identity.sha256,
             "run": str(run.path.resolve()),
             "labels": run.labels,
             "parameters": sum(p.numel() for p in run.model.parameters()),
@@ -77,7 +106,7 @@ def _validation_metrics(run: LoadedRun) -> dict[str, Any]:
     return {"last": records[-1], "best_val_accuracy": best["val_accuracy"], "best_step": best.get("step")}
 
 
-def _read_optional(path, what: str) -> dict[str, Any] | None:
+def _read_optional(path: Path, what: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
