@@ -103,7 +103,7 @@ class ClassifierConfig(_Config):
     ngram_skip_bigrams: bool = False  # the branch also reads pairs of tokens one apart
     ngram_head: int = 0            # ... and, as features of their own, the n-grams of the first N tokens
     ngram_tail: int = 0            # ... and of the last N tokens
-    ngram_negation: int = 0        # ... and words up to N tokens after a negator as negated words (0 = off)
+    ngram_negation: int = 0        # ... reading words up to N tokens after a negator as NOT_word (0 = off)
     ngram_negators: list[int] = field(default_factory=list)  # token ids that open a negation scope
     ngram_breaks: list[int] = field(default_factory=list)    # token ids that close one (punctuation, "but")
 

@@ -12,13 +12,13 @@ How it works:
   a bucket count), the same on every process, platform and device. N-grams never span padding.
   Each row keeps a slot once (binary features: NBSVM's best variant), padding slots point at an
   extra all-zero row. Optional ``families`` add features of their own (salted slots): pairs of tokens
-  one apart, the n-grams of a review's first and last tokens, where the verdict tends to be, and
-  words in the scope of a negation (below).
-* Negation scope (Das & Chen 2001, Pang et al. 2002: "not good" -> "good" marked NOT_good): a word
-  within ``within`` tokens after a negator ("not", "no", "never", the "t" of "n't", ...), with no clause
-  break (punctuation, "but") between, is read as a negated word, a unigram of its own, instead of
-  the plain word. Bigrams and trigrams are unchanged ("not good" still fires). Without it, "not
-  boring" keeps the full weight of "boring", the most negative word of the corpus.
+  one apart, and the n-grams of a review's first and last tokens, where the verdict tends to be.
+* Negation marking (Das & Chen 2001, Pang et al. 2002: "was not good" -> "was not NOT_good"): a word
+  within ``negation`` tokens after a negator ("not", "no", "never", the "t" of "n't", ...), with no
+  clause break (punctuation, "but") between, is another word, NOT_word, in every family: its digit
+  is shifted by vocab + 1 (the base doubles). So "not boring" no longer carries the weight of
+  "boring", the most negative word of the corpus, and neither does the skip-bigram "was * boring" nor
+  "boring" among the last tokens of a review.
 * ``NgramBag``: logits (B, C) = sum over a review's slots of ``weight[slot] * scale[slot]`` + bias:
   an ``EmbeddingBag`` in sum mode. ``scale`` holds the naive-Bayes log-count ratios, ``weight`` the
   coefficients of a logistic regression fitted on the scaled features.
@@ -49,9 +49,6 @@ MAX_VOCAB = 2_097_150
 DEFAULT_BUCKETS = 4_194_301
 
 
-WHERE = ("all", "head", "tail", "negated")
-
-
 @dataclass(frozen=True)
 class Family:
     """One kind of n-gram the branch reads: token ``offsets`` from its start ((0, 1) a bigram, (0, 2) a bigram
@@ -59,7 +56,7 @@ class Family:
     ``tail``: within the last ``within``, ``all``: anywhere)."""
 
     offsets: tuple[int, ...]
-    where: str = "all"        # "all" | "head" | "tail" | "negated" (a unigram in a negation's scope)
+    where: str = "all"        # "all" | "head" | "tail"
     within: int = 0
 
     def salt(self, buckets: int) -> int:
@@ -67,29 +64,26 @@ class Family:
         "good" anywhere are different features."""
         if self.where == "all" and self.offsets == tuple(range(len(self.offsets))):
             return 0  # plain n-grams hash as they did before the other families existed
-        key = (len(self.offsets), self.offsets[-1], WHERE.index(self.where), self.within)
+        key = (len(self.offsets), self.offsets[-1], ("all", "head", "tail").index(self.where), self.within)
         return sum(k * 0x9E3779B1 ** (i + 1) for i, k in enumerate(key)) % buckets
 
 
-def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int = 0,
-             negation: int = 0) -> list[Family]:
+def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int = 0) -> list[Family]:
     """The n-gram families of a branch: orders 1..``orders`` anywhere; with ``skip_bigrams``, the pairs of
     tokens one apart ("not * good"); with ``head``/``tail`` > 0, orders 1..``orders`` again, as separate
     features, for the n-grams within a review's first ``head`` and last ``tail`` tokens (where reviews tend
-    to state their verdict); with ``negation`` > 0, the words up to ``negation`` tokens after a negator, read
-    as negated words instead of plain unigrams (see the module docstring)."""
+    to state their verdict)."""
     plain = [tuple(range(n)) for n in range(1, orders + 1)]
     out = [Family(o) for o in plain]
     if skip_bigrams:
         out.append(Family((0, 2)))
     out += [Family(o, "head", head) for o in plain if head] + [Family(o, "tail", tail) for o in plain if tail]
-    if negation:
-        out.append(Family((0,), "negated", negation))
     return out
 
 
-def describe(kinds: list[Family]) -> str:
-    """What a branch reads, in words: "1-3-grams, skip-bigrams, 1-3-grams of the first 30 / last 60 tokens"."""
+def describe(kinds: list[Family], negation: int = 0) -> str:
+    """What a branch reads, in words: "1-3-grams, skip-bigrams, 1-3-grams of the first 30 / last 60 tokens,
+    negation marked over 4 tokens"."""
     def orders(fs: list[Family]) -> str:
         return f"1-{max(len(f.offsets) for f in fs)}-grams"
 
@@ -99,7 +93,7 @@ def describe(kinds: list[Family]) -> str:
             (("first", [f for f in kinds if f.where == "head"]), ("last", [f for f in kinds if f.where == "tail"])) if fs]
     if ends:
         parts.append(f"{orders([f for f in kinds if f.where in ('head', 'tail')])} of the {' / '.join(ends)} tokens")
-    parts += [f"negation scope of {f.within} tokens" for f in kinds if f.where == "negated"]
+    parts += [f"negation marked over {negation} tokens"] * bool(negation)
     return ", ".join(parts)
 
 
@@ -121,13 +115,15 @@ def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kin
                  scope: Tensor | None = None) -> list[Tensor]:
     """tokens (B, T), right-padded -> per family, the slot of its n-gram starting at each position, (B, T - span + 1)
     (span: the family's last offset + 1); ``buckets`` (the padding slot) where there is none: the n-gram would
-    include padding, or lies outside the family's part of the review. ``scope`` (B, T) bool (``negation_scope``;
-    needed when ``kinds`` has a "negated" family): where a word is read as negated instead of as a plain unigram."""
+    include padding, or lies outside the family's part of the review. ``scope`` (B, T) bool (``negation_scope``):
+    the words read as NOT_word (their digit shifted by ``vocab_size + 1``, the base doubled); None: no marking,
+    and plain n-grams hash as they always have."""
     digits = tokens.long() + 1                            # 0 stays free for "no token"
+    base = vocab_size + 1
+    if scope is not None:                                 # NOT_word: a word of its own
+        digits, base = digits + scope.long() * base, 2 * base
     real = tokens != pad_id
     lengths = real.sum(dim=1, keepdim=True)               # right-padded: real tokens are 0 .. length-1
-    base = vocab_size + 1
-    negated = any(f.where == "negated" for f in kinds)
     out = []
     for family in kinds:
         span = family.offsets[-1] + 1
@@ -143,10 +139,6 @@ def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kin
             ok = ok & (start + span <= family.within)
         elif family.where == "tail":
             ok = ok & (start >= lengths - family.within)
-        elif family.where == "negated":
-            ok = ok & scope
-        elif negated and family.offsets == (0,):
-            ok = ok & ~scope   # a negated word is not also the plain word
         out.append(torch.where(ok, (code % buckets + family.salt(buckets)) % buckets, buckets))
     return out
 
@@ -172,10 +164,12 @@ class NgramBag(nn.Module):
                  skip_bigrams: bool = False, head: int = 0, tail: int = 0, negation: int = 0,
                  negators: tuple[int, ...] = (), breaks: tuple[int, ...] = ()):
         super().__init__()
-        if not 0 < vocab_size <= MAX_VOCAB:
-            raise ValueError(f"the n-gram branch supports vocabularies up to {MAX_VOCAB}, got {vocab_size}")
+        limit = MAX_VOCAB // 2 if negation else MAX_VOCAB   # negation marking doubles the base of the digits
+        if not 0 < vocab_size <= limit:
+            raise ValueError(f"the n-gram branch{' with negation marking' if negation else ''} supports vocabularies "
+                             f"up to {limit}, got {vocab_size}")
         self.vocab_size, self.buckets, self.pad_id = vocab_size, buckets, pad_id
-        self.kinds = families(orders, skip_bigrams, head, tail, negation)
+        self.kinds = families(orders, skip_bigrams, head, tail)
         self.negation = negation
         # Token ids, not weights: buffers outside the state dict (the config holds them).
         self.register_buffer("negators", torch.tensor(sorted(negators), dtype=torch.long), persistent=False)
@@ -185,7 +179,7 @@ class NgramBag(nn.Module):
         self.register_buffer("scale", torch.ones(buckets + 1))              # naive-Bayes ratios per slot
 
     def scope(self, tokens: Tensor) -> Tensor | None:
-        """tokens (B, T) -> (B, T) bool, the words read as negated (``negation_scope``); None without negation."""
+        """tokens (B, T) -> (B, T) bool, the words read as NOT_word (``negation_scope``); None without marking."""
         return negation_scope(tokens, self.negators, self.breaks, self.negation) if self.negation else None
 
     def slots(self, tokens: Tensor) -> Tensor:

@@ -313,7 +313,7 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig, trai
     given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=self_train)
     what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if self_train else "")
             if model.ngram is not None else "n-gram teacher")
-    console.log(f"{what} ({describe(bag.kinds)}; {bag.buckets:,} slots) fitted on {len(train_ids)} reviews in "
+    console.log(f"{what} ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots) fitted on {len(train_ids)} reviews in "
                 f"{time.monotonic() - t:.0f}s" + (f"; it labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled "
                                                   f"reviews {LABEL_NAMES[1]}" if len(given) else ""))
     if model.ngram is not None and validation.ids:

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                        tuple(token_ids(tokenizer, NEGATORS)), tuple(token_ids(tokenizer, CLAUSE_BREAKS)))
         self_train_ngram_bag(bag, ids["train"], train.labels,
                              encode(v, "unlabelled", unlabelled) if v["self"] else [], args.c)
-        row = {**v, "vocab_asked": v["vocab"], "vocab": size, "features": describe(bag.kinds),
+        row = {**v, "vocab_asked": v["vocab"], "vocab": size, "features": describe(bag.kinds, bag.negation),
                "unlabelled": len(unlabelled) if v["self"] else 0,
                "val_accuracy": accuracy(bag, ids["val"], val.labels),
                "test_accuracy": accuracy(bag, ids["test"], test.labels),

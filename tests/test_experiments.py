@@ -148,7 +148,7 @@ def test_ngram_branch_scores_each_variant_alone(unlabelled_data, tmp_path):
     rows = json.loads((tmp_path / "ngram_branch.json").read_text())["rows"]
     assert [(r["len"], r["self"], r["unlabelled"]) for r in rows] == [(64, False, 0), (64, True, 600)]
     assert [r["features"] for r in rows] == ["1-3-grams", "1-3-grams, skip-bigrams, 1-3-grams of the last 8 tokens, "
-                                                          "negation scope of 3 tokens"]
+                                                          "negation marked over 3 tokens"]
     assert all(0 <= r["behaviour"]["negated positive"] <= 1 for r in rows)
     assert all(0.5 < r["test_accuracy"] <= 1 and 0.5 < r["val_accuracy"] <= 1 for r in rows)
     table = (tmp_path / "ngram_branch.md").read_text()

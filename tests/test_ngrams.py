@@ -245,20 +245,24 @@ def test_negation_scope_covers_the_next_words_up_to_a_clause_break():
                                     [0, 1, 1, 1, 1, 1, 0, 0]]
 
 
-def test_a_negated_word_is_a_feature_of_its_own_instead_of_the_plain_word():
+def test_a_negated_word_is_another_word_in_every_family():
     kw = dict(negation=3, negators=(NOT,), breaks=(STOP,))
-    bag = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0, **kw)
-    plain = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0)
+    bag = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0, skip_bigrams=True, tail=5, **kw)
+    plain = NgramBag(VOCAB + 10, 2, 2, BUCKETS, pad_id=0, skip_bigrams=True, tail=5)
 
     def slots(b, review):
         row = b.slots(torch.tensor([review]))[0]
         return set(row[row != BUCKETS].tolist())
 
-    good, negated_good = slots(bag, [7]), slots(bag, [NOT, 7]) - slots(bag, [NOT])
-    # "not good": the bigram and a negated "good", never the plain "good"; without negation, the plain one.
-    assert good <= slots(plain, [NOT, 7]) and not good & slots(bag, [NOT, 7])
-    assert len(negated_good) == 2 and slots(plain, [NOT, 7]) - slots(plain, [NOT]) - good
-    assert slots(bag, [NOT, STOP, 7]) >= good                   # a break ends the scope
+    # Without a negator the marking changes no feature's meaning: as many features, unigrams in the same slots.
+    assert len(slots(bag, [6, 7, 8])) == len(slots(plain, [6, 7, 8])) and slots(bag, [7]) == slots(plain, [7])
+    # "6 not 7": every feature that would read 7 reads NOT_7 instead: the unigram and its tail copy, and the
+    # skip-bigram "6 * 7" (which would skip the negator) are absent; as many features as without marking.
+    negated = slots(bag, [6, NOT, 7])
+    skip = slots(bag, [6, 5, 7]) - slots(bag, [6, 5]) - slots(bag, [5, 7])   # the one slot of "6 * 7"
+    assert len(skip) == 1 and not (slots(bag, [7]) | skip) & negated
+    assert len(negated) == len(slots(plain, [6, NOT, 7]))
+    assert slots(bag, [NOT, STOP, 7]) >= slots(bag, [7])                  # a break ends the scope
     # Fitted, a word that is positive alone and negative when negated gets both signs.
     rng = np.random.default_rng(0)
     ids, labels = [], []
@@ -268,6 +272,7 @@ def test_a_negated_word_is_a_feature_of_its_own_instead_of_the_plain_word():
         ids.append(filler[:3] + ([7] if label else [NOT, 7]) + filler[3:])
         labels.append(label)
     fit_ngram_bag(bag, ids, labels, c=1.0)
+
     def margin(review: list[int]) -> float:
         logits = bag(torch.tensor([review])).detach()
         return float(logits[0, 1] - logits[0, 0])

@@ -113,8 +113,8 @@ MODEL_SETTINGS = {
                           "their own; 0 = not"),
     "ngram_tail": Setting("the same for a review's last N tokens, where reviews tend to give their verdict"),
     "ngram_negation": Setting("the n-gram branch reads a word up to N tokens after a negator (not, no, never, n't, "
-                              "...; up to a comma, full stop or 'but') as a negated word, a feature of its own, "
-                              "instead of the plain word; 0 = not"),
+                              "...; up to a comma, full stop or 'but') as another word, NOT_word, in "
+                              "every n-gram family; 0 = not"),
 }
 
 
