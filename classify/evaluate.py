@@ -24,12 +24,13 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from .backends import batched_logits
+from .engine.config import HelpFormatter, InferenceConfig, add_flags
 from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
 from .errors import ClassifyError, run_cli
-from .inference import encode_texts, open_run, predict_ids
+from .inference import open_run, softmax
 from .report import print_summary, write_markdown, write_plots
 from .text.data import Examples, default_source, load_split, normalize, training_split
 
@@ -253,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
     p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
-    add_flags(p, RuntimeConfig)
+    add_flags(p, InferenceConfig)
     p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
@@ -265,8 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) <= 0:
             raise ClassifyError(f"--{flag.replace('_', '-')} must be positive")
     console = Console(stderr=True, quiet=args.quiet)
-    device, dtype = runtime(args)
-    run = open_run(args.model, device, dtype, console)
+    run = open_run(args.model, args, console)
     source = args.data or (run.config.get("train") or {}).get("data") or default_source()
     data = load_split(source, args.split, num_classes=len(run.labels))
     rows = np.arange(len(data))
@@ -281,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     y = np.asarray(data.labels)
 
     start = time.monotonic()
-    ids = encode_texts(run, data.texts)
+    ids = run.preprocessing.ids(data.texts)
     with progress_bar(len(ids), not args.quiet) as update:
-        probs = predict_ids(run.model, ids, device, dtype, batch_size=args.batch_size,
-                            progress=lambda done: update(done, f"{done} reviews"))
+        probs = softmax(batched_logits(run.backend, ids, args.batch_size,
+                                       progress=lambda done: update(done, f"{done} reviews")))
     seconds = {TRANSFORMER: round(time.monotonic() - start, 2)}
     probs = probs.astype(np.float64)  # renormalised in float64: sklearn checks rows sum to 1 within 1e-8
     probabilities = {TRANSFORMER: probs / probs.sum(axis=1, keepdims=True)}
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if kinds:
         train, val = run_training_split(run.config, args.train_data)
         # A model whose n-gram branch was fitted again on all labelled reviews meets baselines fitted so too.
-        refit = bool(run.config.get("train", {}).get("ngram_refit")) and run.model.ngram is not None
+        refit = bool(run.config.get("train", {}).get("ngram_refit")) and run.config["model"].get("ngram_orders", 0) > 0
     for kind in dict.fromkeys(kinds):
         start = time.monotonic()
         console.print(f"baseline {kind}: {BASELINES[kind].description}, on the run's {len(train)} training "

@@ -34,11 +34,13 @@ from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
-from .inference import KIND, branch_logits_ids, encode_reviews, predict_ids, softmax
+from .backends import TorchBackend, batched_branches, batched_logits
+from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import bag_logits, describe, self_train_ngram_bag
 from .text.batching import Collate
+from .text.prepare import Preprocessing
 from .text.data import (LABEL_NAMES, SPLITS_BY, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
@@ -192,8 +194,7 @@ def evaluate_ids(model: Classifier, ids: list[list[int]], labels: list[int], dev
     """
     if shard:
         ids, labels = distributed.shard(ids), distributed.shard(labels)
-    probs = (predict_ids(model, ids, device, dtype, batch_size=batch_size * 2) if ids
-             else np.zeros((0, model.config.num_classes)))
+    probs = softmax(batched_logits(TorchBackend(model, device, dtype), ids, batch_size * 2))
     sums = metric_sums(probs, labels)
     loss, correct, count = distributed.all_sum(sums) if shard else sums
     return {"loss": loss / count, "accuracy": correct / count}
@@ -219,7 +220,7 @@ def fit_branch_mix(run: RunFolder, model: Classifier, val_ids: list[list[int]], 
     load_model_weights(model, run.path / WEIGHTS)
     record: dict = {}
     if val_ids:
-        parts = branch_logits_ids(model, val_ids, device, dtype, batch_size * 2)
+        parts = batched_branches(TorchBackend(model, device, dtype), val_ids, batch_size * 2)
         held_out = run.branch_validation(len(val_ids), model.config.num_classes)
         if held_out is not None:  # the branch was fitted again on all labelled reviews: score the first fit
             parts = parts._replace(ngram=held_out)
@@ -328,8 +329,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if model_config.ngram_negation:
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
-    train_ids = encode_reviews(tokenizer, train_set.texts, model_config.max_len, config.truncation)
-    val_ids = encode_reviews(tokenizer, val_set.texts, model_config.max_len, config.truncation)
+    preprocess = Preprocessing(tokenizer, model_config.max_len, config.truncation)
+    train_ids, val_ids = preprocess.ids(train_set.texts), preprocess.ids(val_set.texts)
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}, "
                 f"vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
@@ -337,8 +338,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     model = Classifier(model_config).to(device)
     if config.init_from:  # on resume, last/ then replaces these weights
         load_pretrained_encoder(model, config.init_from)
-    unlabelled_ids = (encode_reviews(tokenizer, unlabelled_split(config.data, config.limit, config.seed).texts,
-                                     model_config.max_len, config.truncation)
+    unlabelled_ids = (preprocess.ids(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
     if resuming:  # the weights come from last/; the unlabelled reviews' labels from the run folder
@@ -391,9 +391,9 @@ def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokeni
         console.log(f"no test evaluation: {err}")
         return None
     load_model_weights(model, run.path / WEIGHTS)
-    ids = encode_reviews(tokenizer, test.texts, model.config.max_len, config.truncation)
+    ids = Preprocessing(tokenizer, model.config.max_len, config.truncation).ids(test.texts)
     t0 = time.monotonic()
-    parts = branch_logits_ids(model, ids, device, dtype, config.batch_size * 2)
+    parts = batched_branches(TorchBackend(model, device, dtype), ids, config.batch_size * 2)
     logits = mixed_logits(model.mix.double().cpu().numpy(), *parts) if parts.ngram is not None else parts.transformer
     if mix is not None:
         components = {"transformer": accuracy(parts.transformer, test.labels), "ngram": accuracy(parts.ngram, test.labels)}

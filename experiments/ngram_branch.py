@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from classify.inference import encode_reviews
+from classify.text.prepare import Preprocessing
 from classify.ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
 from classify.text.data import load_split, normalize, training_split
 from classify.text.tokenize import train_tokenizer
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         if v["vocab"] not in tokenizers:
             tokenizers[v["vocab"]] = train_tokenizer([normalize(t) for t in train.texts], v["vocab"], "word")
         if (v["vocab"], v["len"], name) not in encoded:
-            encoded[v["vocab"], v["len"], name] = encode_reviews(tokenizers[v["vocab"]], texts, v["len"], "head+tail")
+            prepare = Preprocessing(tokenizers[v["vocab"]], v["len"], "head+tail")
+            encoded[v["vocab"], v["len"], name] = prepare.ids(texts)
         return encoded[v["vocab"], v["len"], name]
 
     rows = []

@@ -18,7 +18,7 @@ import classify.engine.loop as loop
 from classify.engine.files import read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION, RunFolder
 from classify.errors import ClassifyError, run_cli
-from classify.inference import encode_reviews, load_run
+from classify.inference import load_run
 from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
@@ -255,7 +255,7 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
     run = load_run(out, torch.device("cpu"))
     config = run.config["train"]
     train, val = training_split(config["data"], config["val_size"], config["seed"], split=config["split"])
-    encode = lambda texts: encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
+    encode = run.preprocessing.ids
 
     def fitted_on(texts, labels):
         bag = ngram_branch(run.model.config)

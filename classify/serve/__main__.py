@@ -15,7 +15,7 @@ import sys
 
 from rich.console import Console
 
-from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from ..engine.config import HelpFormatter, InferenceConfig, add_flags
 from ..errors import ClassifyError, run_cli
 from ..inference import RUNS_DIR, open_run
 from .limits import Limits
@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"run folder (default: the newest classifier run under {RUNS_DIR}/)")
-    add_flags(g, RuntimeConfig)
+    g.add_argument("--model", help=f"run folder, or with --backend onnx a folder written by classify.export "
+                                   f"(default: the newest of its kind under {RUNS_DIR}/)")
+    add_flags(g, InferenceConfig)
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -85,9 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ClassifyError(f"cannot listen on {args.host} port {args.port}: {err.strerror or err}") from None
     with sock:
         console = Console(stderr=True)
-        device, dtype = runtime(args)
-        run = open_run(args.model, device, dtype, console)
-        app = create_app(ModelService(run, device, dtype, limits.max_batch, limits.max_batch_tokens), limits)
+        run = open_run(args.model, args, console)
+        app = create_app(ModelService(run, limits.max_batch, limits.max_batch_tokens), limits)
         host, port = sock.getsockname()[:2]
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)

@@ -2,7 +2,8 @@
 
 ``predict`` and ``explain`` do model arithmetic and block: the app calls them only on the
 micro-batch worker thread. Both go through ``inference.classify_texts``, the path that
-``classify.predict`` takes, so the server adds nothing of its own to the model's arithmetic.
+``classify.predict`` takes, on the run's backend (PyTorch or ONNX Runtime), so the server adds nothing of its own
+to the model's arithmetic.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..engine.files import read_json, read_jsonl
-from ..engine.runfolder import METRICS, TEST_METRICS, WEIGHTS
+from ..engine.runfolder import METRICS, TEST_METRICS
 from ..errors import ClassifyError
 from ..explain import Explanation, explain
 from ..inference import LoadedRun, TextResult, classify_texts
@@ -30,24 +30,23 @@ class Explained:
 def model_id(run: LoadedRun) -> str:
     """Run folder name @ the first 12 hex digits of the weights' SHA-256: names the model that answers,
     and changes when the weights do."""
-    digest = hashlib.sha256((run.path / WEIGHTS).read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(run.weights.read_bytes()).hexdigest()[:12]
     return f"{run.path.name}@{digest}"
 
 
 class ModelService:
-    def __init__(self, run: LoadedRun, device: torch.device, dtype: torch.dtype | None, batch_size: int,
-                 max_tokens: int | None = None):
-        self.run, self.device, self.dtype = run, device, dtype
-        self.batch_size, self.max_tokens = batch_size, max_tokens
+    def __init__(self, run: LoadedRun, batch_size: int, max_tokens: int | None = None):
+        self.run, self.batch_size, self.max_tokens = run, batch_size, max_tokens
         self.id = model_id(run)
 
     def predict(self, texts: list[str]) -> list[TextResult]:
-        return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
+        return classify_texts(self.run, texts, self.batch_size, max_tokens=self.max_tokens)
 
     def explain(self, texts: list[str], steps: int) -> list[Explained]:
-        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``)."""
+        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``; the
+        PyTorch backend only)."""
         return [Explained(r, None if r.probabilities is None else
-                          explain(self.run, r.text, int(np.argmax(r.probabilities)), steps, self.device))
+                          explain(self.run, r.text, int(np.argmax(r.probabilities)), steps, self.run.backend.device))
                 for r in self.predict(texts)]
 
     def describe(self) -> dict[str, Any]:
@@ -58,7 +57,7 @@ class ModelService:
             "id": self.id,
             "run": str(run.path.resolve()),
             "labels": run.labels,
-            "parameters": sum(p.numel() for p in run.model.parameters()),
+            "parameters": run.backend.parameters,
             "sizes": run.config.get("model", {}),
             "truncation": run.truncation,
             "training": {"config": run.config.get("train", {}), **_validation_metrics(run)},
