@@ -171,8 +171,9 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             has_key = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Tq|1, 1)
             # Asking whether any row is empty costs a host sync on a GPU (a stall per attention call), so
-            # there the fix-up below always runs (a no-op without empty rows); on the CPU the check is cheap.
-            if q.device.type != "cpu" or not bool(has_key.all()):
+            # there the fix-up below always runs (a no-op without empty rows); on the CPU the check is cheap. A
+            # graph being captured (torch.compile, the ONNX export) cannot branch on data: it keeps the fix-up.
+            if q.device.type != "cpu" or _capturing() or not bool(has_key.all()):
                 # Let empty rows attend everywhere (finite result), then zero them below.
                 empty_rows = ~has_key
                 mask = mask | empty_rows
@@ -194,6 +195,12 @@ class MultiHeadAttention(nn.Module):
         b, _, tq, _ = out.shape
         out = out.transpose(1, 2).reshape(b, tq, self.d_model)  # (B, Tq, D)
         return self.out_proj(out), weights
+
+
+def _capturing() -> bool:
+    """Whether this call is being captured into a graph (torch.compile, torch.export, the ONNX exporters)
+    rather than run eagerly."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 # -------------------------------------------------------------------------- blocks

@@ -32,13 +32,15 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from .backends import batched_logits
+from .engine.config import HelpFormatter, InferenceConfig, add_flags
 from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
 from .errors import ClassifyError, run_cli
+from .backends import TorchBackend, batched_branches, batched_logits
 from .behaviour import build_suite, score, suite_texts, summary
-from .inference import LoadedRun, branch_logits_ids, encode_texts, open_run, softmax
+from .inference import LoadedRun, open_run, softmax
 from .mix import mixed_logits
 from .report import print_summary, write_markdown, write_plots
 from .text.counterfactual import load_pairs
@@ -53,18 +55,23 @@ LENGTH_BINS = ((1, 16), (17, 64), (65, 256), (257, 511), (512, None))
 
 
 # -------------------------------------------------------------------------- systems
-def run_probabilities(run: LoadedRun, texts: list[str], device, dtype, batch_size: int,
+def run_probabilities(run: LoadedRun, texts: list[str], batch_size: int,
                       progress=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Class probabilities (N, C) of the model and, when it has an n-gram branch, of each branch alone (float64,
-    rows summing to 1); and each text's length in the tokens the model read, (N,)."""
-    parts = branch_logits_ids(run.model, encode_texts(run, texts), device, dtype, batch_size, progress)
-    logits = {MODEL: parts.transformer}
-    if parts.ngram is not None:
-        mix = run.model.mix.double().cpu().numpy()
-        logits = {MODEL: mixed_logits(mix, *parts), TRANSFORMER_ALONE: parts.transformer, NGRAM_ALONE: parts.ngram}
+    """Class probabilities (N, C) of the model and, on the PyTorch backend with an n-gram branch, of each branch
+    alone (float64, rows summing to 1); and each text's length in the tokens the model read, (N,)."""
+    ids = run.preprocessing.ids(texts)
+    if not isinstance(run.backend, TorchBackend):   # an export runs the whole model only
+        logits = {MODEL: batched_logits(run.backend, ids, batch_size, progress=progress)}
+        lengths = np.array([max(1, len(x)) for x in ids])
+    else:
+        parts = batched_branches(run.backend, ids, batch_size, progress)
+        logits, lengths = {MODEL: parts.transformer}, parts.lengths
+        if parts.ngram is not None:
+            mix = run.model.mix.double().cpu().numpy()
+            logits = {MODEL: mixed_logits(mix, *parts), TRANSFORMER_ALONE: parts.transformer, NGRAM_ALONE: parts.ngram}
     # Renormalised in float64: scikit-learn checks that rows sum to 1 within 1e-8.
     probs = {name: softmax(z).astype(np.float64) for name, z in logits.items()}
-    return {name: p / p.sum(axis=1, keepdims=True) for name, p in probs.items()}, parts.lengths
+    return {name: p / p.sum(axis=1, keepdims=True) for name, p in probs.items()}, lengths
 
 
 def length_slices(lengths: np.ndarray, y: np.ndarray, probabilities: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -324,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the accuracy CIs")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and of --limit")
     p.add_argument("--mistakes", type=int, default=10, help="most confident mistakes to list")
-    add_flags(p, RuntimeConfig)
+    add_flags(p, InferenceConfig)
     p.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
@@ -336,8 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) <= 0:
             raise ClassifyError(f"--{flag.replace('_', '-')} must be positive")
     console = Console(stderr=True, quiet=args.quiet)
-    device, dtype = runtime(args)
-    run = open_run(args.model, device, dtype, console)
+    run = open_run(args.model, args, console)
     source = args.data or (run.config.get("train") or {}).get("data") or default_source()
     data = load_split(source, args.split, num_classes=len(run.labels))
     rows = np.arange(len(data))
@@ -353,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     with progress_bar(len(data), not args.quiet) as update:
-        probabilities, lengths = run_probabilities(run, data.texts, device, dtype, args.batch_size,
+        probabilities, lengths = run_probabilities(run, data.texts, args.batch_size,
                                                    progress=lambda done: update(done, f"{done} reviews"))
     seconds = {MODEL: round(time.monotonic() - start, 2)}
     kinds = [] if args.baseline is None else (args.baseline or list(BASELINES))
@@ -361,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     if kinds:
         train, val = run_training_split(run.config, args.train_data)
         # A model whose n-gram branch was fitted again on all labelled reviews meets baselines fitted so too.
-        refit = bool(run.config.get("train", {}).get("ngram_refit")) and run.model.ngram is not None
+        refit = bool(run.config.get("train", {}).get("ngram_refit")) and run.config["model"].get("ngram_orders", 0) > 0
     for kind in dict.fromkeys(kinds):
         start = time.monotonic()
         console.print(f"baseline {kind}: {BASELINES[kind].description}, on the run's {len(train)} training "
@@ -392,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                    "difference_ci95": intervals[f"{MODEL} - {kind}"]}
             for kind, b in baselines.items()}
     metrics["length_slices"] = length_slices(lengths, y, probabilities)
-    predict = {**system_predictors(run, device, dtype, args.batch_size),
+    predict = {**system_predictors(run, args.batch_size),
                **{kind: (lambda texts, b=b: b.probabilities(texts, len(run.labels))) for kind, b in baselines.items()}}
     metrics["behaviour"] = behaviour_report(predict, args.seed)
     if args.counterfactual:
@@ -412,18 +418,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def system_predictors(run: LoadedRun, device, dtype, batch_size: int) -> dict[str, Any]:
+def system_predictors(run: LoadedRun, batch_size: int) -> dict[str, Any]:
     """name -> callable(texts) -> probabilities for the model and each of its branches, one pass per text list."""
     last: dict[str, Any] = {}
 
     def system(name: str):
         def probabilities(texts: list[str]) -> np.ndarray:
             if last.get("texts") is not texts:
-                last.update(texts=texts, out=run_probabilities(run, texts, device, dtype, batch_size)[0])
+                last.update(texts=texts, out=run_probabilities(run, texts, batch_size)[0])
             return last["out"][name]
         return probabilities
 
-    names = [MODEL] + ([TRANSFORMER_ALONE, NGRAM_ALONE] if run.model.ngram is not None else [])
+    branches = isinstance(run.backend, TorchBackend) and run.model.ngram is not None
+    names = [MODEL] + ([TRANSFORMER_ALONE, NGRAM_ALONE] if branches else [])
     return {name: system(name) for name in names}
 
 

@@ -97,7 +97,7 @@ def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, 
 def explain(run: LoadedRun, text: str, target: int, steps: int, device: torch.device) -> Explanation:
     """Explain the model's score for class ``target`` on raw review ``text``.
 
-    The tokens are those of ``inference.encode_texts`` (same normalisation, tokenizer and
+    The tokens are those of the run's ``Preprocessing`` (same normalisation, tokenizer and
     truncation); the tokenizer's offsets map them back to words.
     """
     normalized = normalize(text)

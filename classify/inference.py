@@ -1,14 +1,21 @@
-"""Running a trained classifier: find and load a run folder, turn texts into probabilities.
+"""Running a trained classifier: load a model folder, and raw texts -> answers in three stages.
 
-Shared by ``train`` (validation/test), ``predict``, ``evaluate`` and ``serve`` so that all of them
-normalise, tokenize, truncate, batch and run the model the same way. ``classify_texts`` is the
-whole path for raw review texts (``predict`` and ``serve``): clip, normalise, tokenize, predict,
-and say what was truncated.
+    run = load_run("runs/imdb", device)                      # a run folder, on PyTorch
+    run = load_export("exports/imdb", threads=2)             # an exported folder, on ONNX Runtime
+    results = classify_texts(run, ["A wonderful film."])     # -> [TextResult(label="pos", score=0.97, ...)]
+
+``classify_texts`` is the one path from raw text to answers (``predict``, ``serve``; ``train`` and
+``evaluate`` take its first two stages), as Hugging Face's pipelines split it:
+
+1. prepare the texts: clip, normalise, tokenize, truncate, note what was cut (``text.prepare.Preprocessing``);
+2. run the model on a backend: token ids -> logits (``backends``: PyTorch or ONNX Runtime);
+3. turn logits into answers: softmax, label, score, notes (``answers``).
 """
 
 from __future__ import annotations
 
-import json
+from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,132 +25,134 @@ from rich.console import Console
 from rich.markup import escape
 from tokenizers import Tokenizer
 
-from .engine.device import autocast, to_device
+from .backends import Backend, OnnxBackend, TorchBackend, batched_logits
+from .engine.config import InferenceConfig, runtime
 from .engine.files import load_model_weights
-from .engine.runfolder import CONFIG, TOKENIZER, WEIGHTS, read_model_config
+from .engine.runfolder import TOKENIZER, WEIGHTS, newest_run, read_model_config
 from .errors import ClassifyError
-from .models import BranchLogits, Classifier, ClassifierConfig
-from .text.batching import BucketBatchSampler, pad_batch
-from .text.data import normalize
-from .text.tokenize import encode, load_tokenizer, truncate
+from .models import Classifier, ClassifierConfig
+from .text.prepare import Prepared, Preprocessing
+from .text.tokenize import load_tokenizer
 
 KIND = "classifier"
+EXPORT_KIND = "classifier-onnx"   # config.json's kind in a folder written by classify.export
+ONNX_MODEL = "model.onnx"
 RUNS_DIR = Path("runs")
-CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``clip``)
 
 
 @dataclass
 class LoadedRun:
-    """A trained classifier ready for inference."""
+    """A trained classifier ready for inference: how to prepare its texts, and a backend to run it on."""
 
     path: Path
-    model: Classifier
-    tokenizer: Tokenizer
-    config: dict          # the whole config.json
-    labels: list[str]     # class names, index = class id
-    truncation: str
+    config: dict              # the whole config.json
+    labels: list[str]         # class names, index = class id
+    preprocessing: Preprocessing
+    backend: Backend
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.preprocessing.tokenizer
 
     @property
     def max_len(self) -> int:
-        return self.model.config.max_len
+        return self.preprocessing.max_len
+
+    @property
+    def truncation(self) -> str:
+        return self.preprocessing.truncation
+
+    @property
+    def weights(self) -> Path:
+        """The file the backend runs (names the model in answers: ``serve.service.model_id``)."""
+        return self.path / (WEIGHTS if self.backend.name == "torch" else ONNX_MODEL)
+
+    @property
+    def model(self) -> Classifier:
+        """The PyTorch model (explanations and the trainers need its gradients or its branches)."""
+        if not isinstance(self.backend, TorchBackend):
+            raise ClassifyError(f"this needs the PyTorch model, and {self.path} is run on --backend "
+                                f"{self.backend.name}: use --backend torch with the run folder")
+        return self.backend.model
 
 
-def load_run(path: str | Path, device: torch.device) -> LoadedRun:
-    """Load ``config.json``, ``tokenizer.json`` and ``model.safetensors``; every way these can be
-    missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
-    path = Path(path)
-    config, model_config = read_model_config(path, KIND, ClassifierConfig)
+def _read(path: Path, kind: str) -> tuple[dict, ClassifierConfig, Tokenizer, list[str], str]:
+    """config.json and tokenizer.json of a model folder, checked against each other: (config, model config,
+    tokenizer, labels, truncation)."""
+    config, model_config = read_model_config(path, kind, ClassifierConfig)
     tokenizer = load_tokenizer(path / TOKENIZER)
     if tokenizer.get_vocab_size() != model_config.vocab_size:
         raise ClassifyError(f"tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model's embedding "
-                            f"has {model_config.vocab_size}: the run folder mixes files from different runs")
+                            f"has {model_config.vocab_size}: the folder mixes files from different runs")
+    labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
+    return config, model_config, tokenizer, list(labels), config.get("train", {}).get("truncation", "head+tail")
+
+
+def load_run(path: str | Path, device: torch.device, dtype: torch.dtype | None = None) -> LoadedRun:
+    """A run folder (``config.json``, ``tokenizer.json``, ``model.safetensors``) on PyTorch; every way these can
+    be missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
+    path = Path(path)
+    config, model_config, tokenizer, labels, truncation = _read(path, KIND)
     model = Classifier(model_config)
     load_model_weights(model, path / WEIGHTS)
-    model.to(device).eval()
-    train = config.get("train", {})
-    labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
-    return LoadedRun(path, model, tokenizer, config, list(labels), train.get("truncation", "head+tail"))
+    backend = TorchBackend(model.to(device), device, dtype)
+    return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
 
 
-def newest_run(root: Path = RUNS_DIR) -> Path:
-    """The classifier run folder under ``root`` whose model.safetensors was written last (runs of
-    other kinds, e.g. translation models, live there too)."""
-    weights = sorted(root.rglob(WEIGHTS), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    for path in reversed(weights):
-        try:
-            kind = json.loads((path.parent / CONFIG).read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            continue  # no or unreadable config: not a usable run
-        if kind == KIND:
-            return path.parent
-    raise ClassifyError(f"no --model given and no trained classifier run (a folder with {WEIGHTS}) "
-                        f"under {root}/; train one with python -m classify.train or pass --model RUN_FOLDER")
+def load_export(path: str | Path, threads: int | None = None) -> LoadedRun:
+    """A folder written by ``classify.export`` (``model.onnx`` beside the run's config and tokenizer) on ONNX
+    Runtime with ``threads`` threads."""
+    path = Path(path)
+    config, model_config, tokenizer, labels, truncation = _read(path, EXPORT_KIND)
+    if not (path / ONNX_MODEL).is_file():
+        raise ClassifyError(f"{ONNX_MODEL} not found in {path}: export the run again with python -m classify.export")
+    backend = OnnxBackend(path / ONNX_MODEL, model_config.pad_id, model_config.num_classes,
+                          int(config.get("export", {}).get("parameters", 0)), threads)
+    return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
 
 
-def open_run(model: str | None, device: torch.device, dtype: torch.dtype | None, console: Console) -> LoadedRun:
-    """Load the run ``model`` (or the newest one) onto ``device``, announced on ``console``."""
-    path = Path(model) if model is not None else newest_run()
-    run = load_run(path, device)
-    how = "" if model is not None else f" (the newest run under {RUNS_DIR}/; choose another with --model)"
-    console.print(f"model: {escape(str(path))}{how}, device {device}, "
-                  f"{'autocast ' + str(dtype).removeprefix('torch.') if dtype else 'fp32'}")
+def open_run(model: str | None, settings: InferenceConfig | Namespace, console: Console) -> LoadedRun:
+    """The model a command runs: ``model`` (or the newest one under ``runs/``) on ``settings.backend``, with
+    ``settings``' device, precision and threads (an ``InferenceConfig`` or the flags parsed from one);
+    announced on ``console``."""
+    onnx = settings.backend == "onnx"
+    if onnx:
+        if settings.device not in ("auto", "cpu") or settings.precision not in ("auto", "fp32"):
+            raise ClassifyError("--backend onnx runs the exported fp32 model on the CPU; --device and --precision "
+                                "are for --backend torch")
+        if settings.threads is not None and settings.threads < 1:
+            raise ClassifyError(f"--threads must be at least 1, got {settings.threads}")
+    kind, weights = (EXPORT_KIND, ONNX_MODEL) if onnx else (KIND, WEIGHTS)
+    path = Path(model) if model is not None else newest_run(RUNS_DIR, kind, weights)
+    if onnx and not (path / ONNX_MODEL).exists() and (path / WEIGHTS).exists():
+        raise ClassifyError(f"{path} is a training run, not an export: write one with python -m classify.export "
+                            f"--model {path} --output DIR and pass --model DIR, or use --backend torch")
+    if not onnx and (path / ONNX_MODEL).exists() and not (path / WEIGHTS).exists():
+        raise ClassifyError(f"{path} is an ONNX export: run it with --backend onnx (or pass the run folder)")
+    if onnx:
+        run = load_export(path, settings.threads)
+    else:
+        device, dtype = runtime(settings)
+        run = load_run(path, device, dtype)
+    how = "" if model is not None else f" (the newest under {RUNS_DIR}/; choose another with --model)"
+    r = run.backend.runtime
+    console.print(f"model: {escape(str(path))}{how}, {'ONNX Runtime' if onnx else 'PyTorch'} on {r['device']}, "
+                  f"{'autocast ' if r['precision'] != 'fp32' else ''}{r['precision']}"
+                  + (f", {settings.threads} threads" if onnx and settings.threads else ""))
     return run
 
 
-def _batched(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-             forward, batch_size: int, progress, max_tokens: int | None) -> list[np.ndarray]:
-    """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) tensors) over token id lists in length-bucketed
-    batches; its outputs for all N texts, in input order, as float32 arrays (N, ...)."""
-    model.eval()
-    pad_id = model.config.pad_id
-    # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
-    ids = [x if x else [pad_id] for x in ids]
-    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
-    outputs: list[np.ndarray] = []
-    done = 0
-    with torch.inference_mode():
-        for indices in sampler:
-            tokens = pad_batch([ids[i] for i in indices], pad_id)
-            with autocast(device, dtype):
-                out = forward(to_device(tokens, device))
-            for k, tensor in enumerate(out):
-                if len(outputs) <= k:
-                    outputs.append(np.zeros((len(ids), *tensor.shape[1:]), dtype=np.float32))
-                outputs[k][indices] = tensor.float().cpu().numpy()
-            done += len(indices)
-            if progress is not None:
-                progress(done)
-    return outputs
+# ------------------------------------------------------------------------ answers
+@dataclass
+class TextResult:
+    """One raw text through the model."""
 
-
-def logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-               batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
-    """Token id lists -> logits (N, C) in input order, batched by length.
-
-    ``progress``: optional callable(n_done) for a progress bar. ``max_tokens``: cut batches by padded
-    tokens instead of by ``batch_size`` (the server: reviews of very different lengths batch well).
-    """
-    if not ids:
-        return np.zeros((0, model.config.num_classes), dtype=np.float32)
-    return _batched(model, ids, device, dtype, lambda t: (model(t),), batch_size, progress, max_tokens)[0]
-
-
-def branch_logits_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                      batch_size: int = 64, progress=None) -> BranchLogits:
-    """Token id lists -> each branch's logits before the mix (``models.BranchLogits`` of NumPy arrays: (N, C),
-    (N, C) or None without an n-gram branch, lengths (N,)), in input order."""
-    def forward(tokens):
-        parts = model.branches(tokens)
-        return (parts.transformer, parts.lengths) + ((parts.ngram,) if parts.ngram is not None else ())
-
-    out = _batched(model, ids, device, dtype, forward, batch_size, progress, None)
-    return BranchLogits(out[0], out[2] if len(out) > 2 else None, out[1].astype(np.int64))
-
-
-def predict_ids(model: Classifier, ids: list[list[int]], device: torch.device, dtype: torch.dtype | None,
-                batch_size: int = 64, progress=None, max_tokens: int | None = None) -> np.ndarray:
-    """Token id lists -> class probabilities (N, C) in input order (``logits_ids``, then softmax)."""
-    return softmax(logits_ids(model, ids, device, dtype, batch_size, progress, max_tokens=max_tokens))
+    text: str                          # the text as tokenized (after clipping)
+    normalized: str                    # ... and normalised (what the tokenizer saw)
+    probabilities: np.ndarray | None   # (C,); None when nothing is left once HTML markup is removed
+    notes: list[str]                   # what was truncated, for people
+    label: str | None = None           # the most probable class and its probability (None as above)
+    score: float | None = None
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -153,63 +162,25 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def encode_reviews(tokenizer: Tokenizer, texts: list[str], max_len: int, truncation: str) -> list[list[int]]:
-    """Raw reviews -> token id lists, normalised and truncated as every command does it."""
-    return encode(tokenizer, [normalize(t) for t in texts], max_len, truncation)
-
-
-def encode_texts(run: LoadedRun, texts: list[str]) -> list[list[int]]:
-    """Raw reviews -> the token ids ``run``'s model reads."""
-    return encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
-
-
-def encode_normalized(run: LoadedRun, texts: list[str]) -> tuple[list[list[int]], list[int]]:
-    """Normalised reviews -> (the token ids ``run``'s model reads, each review's whole token count), from one
-    tokenizer pass: the count tells whether truncation cut anything."""
-    full = [e.ids for e in run.tokenizer.encode_batch(texts, add_special_tokens=False)]
-    return [truncate(ids, run.max_len, run.truncation) for ids in full], [len(ids) for ids in full]
-
-
-# ------------------------------------------------------------ raw texts (predict, serve)
-def clip(text: str, run: LoadedRun) -> tuple[str, str | None]:
-    """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
-    keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
-    than a long one. Reviews shorter than that are untouched."""
-    budget = CHARS_PER_TOKEN * run.max_len
-    if len(text) <= budget:
-        return text, None
-    # ``truncate`` slices any sequence: here characters, with the run's head/tail strategy.
-    note = (f"truncated: {len(text):,} characters, of which the model read {run.max_len} tokens "
-            f"({run.truncation})")
-    return truncate(text, budget, run.truncation), note  # type: ignore[arg-type]
-
-
-@dataclass
-class TextResult:
-    """One raw text through the model."""
-
-    text: str                          # the text as tokenized (after ``clip``)
-    normalized: str                    # ... and normalised (what the tokenizer saw)
-    probabilities: np.ndarray | None   # None when nothing is left once HTML markup is removed
-    notes: list[str]                   # what was truncated, for people
-
-
-def classify_texts(run: LoadedRun, texts: list[str], device: torch.device, dtype: torch.dtype | None,
-                   batch_size: int = 64, progress=None, max_tokens: int | None = None) -> list[TextResult]:
-    """Raw review texts -> ``TextResult`` in input order: clipped, normalised, tokenized and
-    predicted in length-bucketed batches (``batch_size``, ``progress``, ``max_tokens`` as in ``predict_ids``)."""
+def answers(prepared: list[Prepared], logits: np.ndarray, labels: list[str]) -> list[TextResult]:
+    """Stage 3: the prepared texts that had something to read (their logits (N, C), in order) -> answers;
+    the others get none."""
+    probabilities = iter(softmax(logits))
     results = []
-    for text in texts:
-        text, note = clip(text, run)
-        results.append(TextResult(text, normalize(text), None, [note] if note else []))
-    todo = [r for r in results if r.normalized]
-    if not todo:
-        return results
-    ids, totals = encode_normalized(run, [r.normalized for r in todo])  # each review tokenized once
-    probabilities = predict_ids(run.model, ids, device, dtype, batch_size, progress, max_tokens)
-    for result, total, row in zip(todo, totals, probabilities):
-        result.probabilities = row
-        if total > run.max_len and not result.notes:  # (a clipped review's note already says so)
-            result.notes.append(f"truncated: the model read {run.max_len} of its {total} tokens "
-                                f"({run.truncation})")
+    for p in prepared:
+        result = TextResult(p.text, p.normalized, None, p.notes)
+        if p.normalized:
+            result.probabilities = row = next(probabilities)
+            k = int(np.argmax(row))
+            result.label, result.score = labels[k], float(row[k])
+        results.append(result)
     return results
+
+
+def classify_texts(run: LoadedRun, texts: list[str], batch_size: int = 64,
+                   progress: Callable[[int], None] | None = None, max_tokens: int | None = None) -> list[TextResult]:
+    """Raw review texts -> ``TextResult`` in input order: prepared, run on ``run``'s backend in length-bucketed
+    batches (``batch_size``, or ``max_tokens`` padded tokens; ``progress(n_done)``), answered."""
+    prepared = run.preprocessing(texts)
+    ids = [p.ids for p in prepared if p.normalized]
+    return answers(prepared, batched_logits(run.backend, ids, batch_size, max_tokens, progress), run.labels)

@@ -20,7 +20,7 @@ How it works:
   "boring", the most negative word of the corpus, and neither does the skip-bigram "was * boring" nor
   "boring" among the last tokens of a review.
 * ``NgramBag``: logits (B, C) = sum over a review's slots of ``weight[slot] * scale[slot]`` + bias:
-  an ``EmbeddingBag`` in sum mode. ``scale`` holds the naive-Bayes log-count ratios, ``weight`` the
+  an embedding bag in sum mode. ``scale`` holds the naive-Bayes log-count ratios, ``weight`` the
   coefficients of a logistic regression fitted on the scaled features.
 * ``fit_ngram_bag``: that fit, by scikit-learn's liblinear solver (an exact L2-regularised solution;
   Adam on the same features stays three points short of it), run once at training time; only its
@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .text.batching import pad_batch
@@ -97,44 +96,58 @@ def describe(kinds: list[Family], negation: int = 0) -> str:
     return ", ".join(parts)
 
 
+def _shift(x: Tensor, d: int, fill: bool) -> Tensor:
+    """x (B, T) bool -> (B, T): ``x`` moved ``d`` positions to the right, ``fill`` coming in from the left. Valid
+    for any T, also T <= d, with no branch on T (an exported graph has one for every T)."""
+    return torch.cat([torch.full_like(x[:, :1], fill).expand(-1, d), x], dim=1)[:, : x.shape[1]]
+
+
+def _member(tokens: Tensor, ids: Tensor) -> Tensor:
+    """tokens (B, T) -> (B, T) bool: the token is one of ``ids`` (K,). A count, not ``any``: ONNX Runtime's
+    reduction behind an exported ``any`` comes out True over K = 0 ids (a vocabulary without the negators)."""
+    return (tokens.unsqueeze(-1) == ids).sum(-1) > 0
+
+
 def negation_scope(tokens: Tensor, negators: Tensor, breaks: Tensor, within: int) -> Tensor:
     """tokens (B, T) -> (B, T) bool: the token follows a negator by 1..``within`` positions with no clause
     break among the tokens after the negator up to and including itself. ``negators``, ``breaks``: token ids
     (K,). Comparisons and shifts only (no cumulative ops), so it exports to ONNX as it is."""
-    negator = (tokens.unsqueeze(-1) == negators).any(-1)          # (B, T)
-    clear = ~(tokens.unsqueeze(-1) == breaks).any(-1)             # (B, T): not a break
+    negator = _member(tokens, negators)                           # (B, T)
+    clear = ~_member(tokens, breaks)                              # (B, T): not a break
     scope = torch.zeros_like(negator)
     run = torch.ones_like(negator)   # run[:, i]: no break in positions i-d+1 .. i
-    for d in range(1, min(within, tokens.shape[1] - 1) + 1):
-        run = run & torch.cat([torch.ones_like(clear[:, : d - 1]), clear[:, : clear.shape[1] - d + 1]], dim=1)
-        scope = scope | (torch.cat([torch.zeros_like(negator[:, :d]), negator[:, :-d]], dim=1) & run)
+    for d in range(1, within + 1):
+        run = run & _shift(clear, d - 1, True)
+        scope = scope | (_shift(negator, d, False) & run)
     return scope
 
 
 def family_slots(tokens: Tensor, pad_id: int, vocab_size: int, buckets: int, kinds: list[Family],
                  scope: Tensor | None = None) -> list[Tensor]:
-    """tokens (B, T), right-padded -> per family, the slot of its n-gram starting at each position, (B, T - span + 1)
-    (span: the family's last offset + 1); ``buckets`` (the padding slot) where there is none: the n-gram would
-    include padding, or lies outside the family's part of the review. ``scope`` (B, T) bool (``negation_scope``):
-    the words read as NOT_word (their digit shifted by ``vocab_size + 1``, the base doubled); None: no marking,
-    and plain n-grams hash as they always have."""
+    """tokens (B, T), right-padded -> per family, the slot of its n-gram starting at each position, (B, T);
+    ``buckets`` (the padding slot) where there is none: the n-gram would include padding or run past the end,
+    or lies outside the family's part of the review. ``scope`` (B, T) bool (``negation_scope``): the words read
+    as NOT_word (their digit shifted by ``vocab_size + 1``, the base doubled); None: no marking, and plain
+    n-grams hash as they always have."""
+    t = tokens.shape[1]
+    # Padded by the longest span, every family has an n-gram (maybe of padding) at each of the T positions: no
+    # branch on T, so one exported graph serves every length, a one-token text included.
+    longest = max(f.offsets[-1] for f in kinds)
+    tokens = torch.cat([tokens, torch.full_like(tokens[:, :1], pad_id).expand(-1, longest)], dim=1)
     digits = tokens.long() + 1                            # 0 stays free for "no token"
     base = vocab_size + 1
     if scope is not None:                                 # NOT_word: a word of its own
+        scope = torch.cat([scope, torch.zeros_like(scope[:, :1]).expand(-1, longest)], dim=1)
         digits, base = digits + scope.long() * base, 2 * base
     real = tokens != pad_id
     lengths = real.sum(dim=1, keepdim=True)               # right-padded: real tokens are 0 .. length-1
+    start = torch.arange(t, device=tokens.device)
     out = []
     for family in kinds:
         span = family.offsets[-1] + 1
-        count = tokens.shape[1] - span + 1
-        if count <= 0:
-            out.append(torch.full((tokens.shape[0], 0), buckets, dtype=torch.long, device=tokens.device))
-            continue
         # code[:, i] = the n-gram starting at i: digits[i + o0] + base * digits[i + o1] + base**2 * digits[i + o2] ...
-        code = sum(base ** k * digits[:, o : o + count] for k, o in enumerate(family.offsets))
-        ok = torch.stack([real[:, o : o + count] for o in family.offsets]).all(dim=0)
-        start = torch.arange(count, device=tokens.device)
+        code = sum(base ** k * digits[:, o : o + t] for k, o in enumerate(family.offsets))
+        ok = torch.stack([real[:, o : o + t] for o in family.offsets]).all(dim=0)
         if family.where == "head":
             ok = ok & (start + span <= family.within)
         elif family.where == "tail":
@@ -207,10 +220,13 @@ class NgramBag(nn.Module):
         return shares
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> logits (B, C)."""
         slots = self.slots(tokens)                                          # (B, L)
-        scale = self.scale[slots].to(self.weight.dtype)
-        return F.embedding_bag(slots, self.weight, mode="sum", per_sample_weights=scale,
-                               padding_idx=self.buckets) + self.bias
+        scale = (self.scale[slots] * (slots != self.buckets)).to(self.weight.dtype)   # (B, L); padding slots 0
+        # The rows gathered, weighted and summed: F.embedding_bag's sum (with padding_idx) within float rounding, as
+        # fast here, and ONNX exports it as Gather + ReduceSum, where embedding_bag becomes a loop over the bags that
+        # made the whole exported model 4.5x slower than PyTorch.
+        return (self.weight[slots] * scale.unsqueeze(-1)).sum(dim=1) + self.bias
 
 
 def feature_matrix(bag: NgramBag, ids: list[list[int]], batch_size: int = 256):

@@ -8,7 +8,8 @@
 Reviews are read lazily (``classify.text.inputs``) and classified in chunks, each batched and
 length-bucketed by ``inference.classify_texts``, so files of any size stream through in
 bounded memory; results come out in input order. A review that cannot be classified gets a
-per-item error and the others are still predicted.
+per-item error and the others are still predicted. ``--backend onnx`` runs a folder written by
+``classify.export`` on ONNX Runtime instead of PyTorch (explanations need PyTorch).
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .engine.config import HelpFormatter, RuntimeConfig, add_flags, runtime
+from .engine.config import HelpFormatter, InferenceConfig, add_flags
 from .engine.files import atomic_path, write_text
 from .engine.progress import progress_bar
-from .engine.runfolder import WEIGHTS
 from .errors import ClassifyError, run_cli
 from .explain import Explanation, explain, explained_class, legend, to_html, to_rich
 from .inference import RUNS_DIR, LoadedRun, classify_texts, open_run
@@ -57,27 +56,27 @@ class Prediction:
     probabilities: np.ndarray | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
-    text: str = ""                 # the review as read (after ``inference.clip``)
+    text: str = ""                 # the review as read (after ``Preprocessing.clip``)
     excerpt: str = ""
     explanation: Explanation | None = None
 
-    def label(self, labels: list[str]) -> tuple[str, float]:
-        k = int(np.argmax(self.probabilities))
-        return labels[k], float(self.probabilities[k])
+    label: str = ""
+    score: float = 0.0
 
 
-def predict_chunk(run: LoadedRun, reviews: list[Review], device: torch.device, dtype: torch.dtype | None,
-                  batch_size: int, progress: Callable[[int], None] | None = None) -> list[Prediction]:
+def predict_chunk(run: LoadedRun, reviews: list[Review], batch_size: int,
+                  progress: Callable[[int], None] | None = None) -> list[Prediction]:
     """Classify ``reviews`` (one chunk) in input order; unusable ones get their error."""
     predictions = [Prediction(review, error=review.error, notes=list(review.notes)) for review in reviews]
     readable = [p for p in predictions if p.review.text is not None]
-    results = classify_texts(run, [p.review.text for p in readable], device, dtype, batch_size, progress)
+    results = classify_texts(run, [p.review.text for p in readable], batch_size, progress)
     for prediction, result in zip(readable, results):
         prediction.notes += result.notes
         if result.probabilities is None:
             prediction.error = "no text left once HTML markup is removed"
             continue
         prediction.probabilities, prediction.text = result.probabilities, result.text
+        prediction.label, prediction.score = result.label, result.score
         prediction.excerpt = result.normalized if len(result.normalized) <= EXCERPT_CHARS else \
             result.normalized[: EXCERPT_CHARS - 1] + "…"
     return predictions
@@ -104,8 +103,7 @@ def record(prediction: Prediction, labels: list[str]) -> dict:
     if prediction.error is not None:
         out["error"] = prediction.error
     else:
-        label, score = prediction.label(labels)
-        out.update(label=label, score=round(score, 6),
+        out.update(label=prediction.label, score=round(prediction.score, 6),
                    probabilities={name: round(float(p), 6) for name, p in zip(labels, prediction.probabilities)})
     out["notes"] = prediction.notes
     if prediction.explanation is not None:
@@ -161,12 +159,12 @@ class TableWriter:
             if p.error is not None:
                 self.table.add_row(source, Text("error", style="bold red"), "", Text(p.error, style="red") + notes)
                 continue
-            label, score = p.label(self.labels)
-            self.table.add_row(source, Text(label, style="bold"), f"{score:.3f}", Text(p.excerpt) + notes)
+            self.table.add_row(source, Text(p.label, style="bold"), f"{p.score:.3f}", Text(p.excerpt) + notes)
             if p.explanation is not None:
                 green, red = legend(self.labels, p.explanation.target)
-                self.panels.append(Panel(to_rich(p.explanation), title=Text(f"{p.review.source}: {label} {score:.3f}"),
-                                         subtitle=f"green: {green}, red: {red}", title_align="left"))
+                title = Text(f"{p.review.source}: {p.label} {p.score:.3f}")
+                self.panels.append(Panel(to_rich(p.explanation), title=title, subtitle=f"green: {green}, red: {red}",
+                                         title_align="left"))
 
     def close(self) -> None:
         self.console.print(self.table)
@@ -178,7 +176,7 @@ class HtmlWriter:
     """``--explain-html``: one snippet per explained review, written when done."""
 
     def __init__(self, path: Path, labels: list[str], steps: int):
-        self.path, self.labels = path, labels
+        self.path = path
         method = "gradient x input" if steps == 1 else f"integrated gradients ({steps} steps)"
         green, red = legend(labels, 1) if len(labels) == 2 else ("towards the predicted label", "against it")
         self.parts = [f'<p class="classify-legend">Word attributions by {method} on the token embeddings: '
@@ -189,15 +187,14 @@ class HtmlWriter:
     def write(self, predictions: list[Prediction]) -> None:
         for p in predictions:
             if p.explanation is not None:
-                label, score = p.label(self.labels)
-                self.parts.append(to_html(p.explanation, f"{p.review.source}: {label} ({score:.1%})"))
+                self.parts.append(to_html(p.explanation, f"{p.review.source}: {p.label} ({p.score:.1%})"))
 
     def close(self) -> None:
         write_text(self.path, "".join(self.parts))
 
 
-def classify_all(run: LoadedRun, inputs: Inputs, writers: list, device: torch.device, dtype: torch.dtype | None,
-                 batch_size: int, explain_steps: int | None, show_bar: bool) -> dict[str, int]:
+def classify_all(run: LoadedRun, inputs: Inputs, writers: list, batch_size: int, explain_steps: int | None,
+                 show_bar: bool) -> dict[str, int]:
     """Stream every review through ``predict_chunk`` (and ``explain`` when ``explain_steps`` is set)
     into ``writers``, chunk by chunk, with a progress bar over the input bytes."""
     counts = {"predicted": 0, "errors": 0}
@@ -210,12 +207,13 @@ def classify_all(run: LoadedRun, inputs: Inputs, writers: list, device: torch.de
             def advance(n: int, size: int = len(chunk)) -> None:
                 update(done_bytes + chunk_bytes * n / size, f"{n_before + n} reviews")
 
-            predictions = predict_chunk(run, chunk, device, dtype, batch_size, advance)
+            predictions = predict_chunk(run, chunk, batch_size, advance)
             for prediction in predictions:
                 counts["errors" if prediction.error else "predicted"] += 1
                 if explain_steps is not None and prediction.error is None:
                     target = explained_class(prediction.probabilities)
-                    prediction.explanation = explain(run, prediction.text, target, explain_steps, device)
+                    prediction.explanation = explain(run, prediction.text, target, explain_steps,
+                                                     run.backend.device)
             for writer in writers:
                 writer.write(predictions)
             done_bytes += chunk_bytes
@@ -242,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--format", choices=FORMATS, default="auto",
                    help="format of --file and stdin; auto = by extension (stdin: text)")
     g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"run folder (default: the newest run under {RUNS_DIR}/ with {WEIGHTS})")
-    add_flags(g, RuntimeConfig)
+    g.add_argument("--model", help=f"run folder, or with --backend onnx a folder written by classify.export "
+                                   f"(default: the newest of its kind under {RUNS_DIR}/)")
+    add_flags(g, InferenceConfig)
     g.add_argument("--batch-size", type=int, default=64, help="reviews per forward pass (length-bucketed)")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true",
@@ -252,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output", help="also write all results to this .csv or .jsonl file (then stdout shows "
                                     "nothing unless --json)")
     g.add_argument("--explain", action="store_true",
-                   help="show which words pushed each decision (coloured text; 'explanation' in JSON output)")
+                   help="show which words pushed each decision (coloured text; 'explanation' in JSON output; "
+                        "--backend torch only)")
     g.add_argument("--explain-html", metavar="FILE", help="write the explanations as an HTML snippet (implies --explain)")
     g.add_argument("--explain-steps", type=int, default=32,
                    help="integrated-gradients steps per review; 1 = plain gradient x input (cheapest)")
@@ -270,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         if output_format is None:
             raise ClassifyError(f"--output {args.output}: use a .csv or .jsonl file name")
     explaining = args.explain or args.explain_html is not None
+    if explaining and args.backend != "torch":
+        raise ClassifyError(f"--explain needs the PyTorch model (gradients); --backend {args.backend} has none: "
+                            f"explain with --backend torch and the run folder")
     console = Console(stderr=True, quiet=args.quiet)
     inputs = open_inputs(args.texts, args.file, args.format, sys.stdin)
-    device, dtype = runtime(args)
-    run = open_run(args.model, device, dtype, console)
+    run = open_run(args.model, args, console)
     for note in inputs.notes:
         console.print(f"note: {escape(note)}")
 
@@ -292,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             writers.append(HtmlWriter(Path(args.explain_html), run.labels, args.explain_steps))
         # A bar drawn between JSON lines on the same terminal would garble them.
         show_bar = not args.quiet and not (args.json and sys.stdout.isatty())
-        counts = classify_all(run, inputs, writers, device, dtype, args.batch_size,
-                              args.explain_steps if explaining else None, show_bar)
+        counts = classify_all(run, inputs, writers, args.batch_size, args.explain_steps if explaining else None,
+                              show_bar)
         if not counts["predicted"] + counts["errors"]:
             raise ClassifyError("no reviews in the input")
         for writer in writers:  # after the progress bar is gone: the table prints here

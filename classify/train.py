@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
+from .backends import TorchBackend, batched_branches
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
                              from_args, positive, setting)
 from .engine import distributed
@@ -34,14 +35,15 @@ from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
-from .inference import KIND, branch_logits_ids, encode_reviews, softmax
+from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import bag_logits, describe, self_train_ngram_bag
 from .text.batching import Collate
+from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
-from .text.counterfactual import load_pairs
+from .text.prepare import Preprocessing
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import SENTENCE_ENDS, closing_sentences
 
@@ -251,7 +253,7 @@ def transformer_logits(model: Classifier, ids: list[list[int]], device, dtype, b
     mine = list(range(distributed.rank(), len(ids), distributed.world_size())) if shard else list(range(len(ids)))
     logits = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     if mine:
-        logits[mine] = branch_logits_ids(model, [ids[i] for i in mine], device, dtype, batch_size).transformer
+        logits[mine] = batched_branches(TorchBackend(model, device, dtype), [ids[i] for i in mine], batch_size).transformer
     if shard:
         logits = np.asarray(distributed.all_sum(logits.ravel().tolist()), dtype=np.float32).reshape(logits.shape)
     return logits
@@ -413,10 +415,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if model_config.ngram_negation:
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return encode_reviews(tokenizer, texts, model_config.max_len, config.truncation)
-
+    encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids
     train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
     validation = Validation.build(val_ids, val_set.labels, ends)
@@ -497,9 +496,9 @@ def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokeni
         console.log(f"no test evaluation: {err}")
         return None
     load_model_weights(model, run.path / WEIGHTS)
-    ids = encode_reviews(tokenizer, test.texts, model.config.max_len, config.truncation)
+    ids = Preprocessing(tokenizer, model.config.max_len, config.truncation).ids(test.texts)
     t0 = time.monotonic()
-    parts = branch_logits_ids(model, ids, device, dtype, config.batch_size * 2)
+    parts = batched_branches(TorchBackend(model, device, dtype), ids, config.batch_size * 2)
     logits = mixed_logits(model.mix.double().cpu().numpy(), *parts) if parts.ngram is not None else parts.transformer
     if mix is not None:
         components = {"transformer": accuracy(parts.transformer, test.labels), "ngram": accuracy(parts.ngram, test.labels)}

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {}
     for path in args.runs:
-        run = load_run(path, device)
-        predict = system_predictors(run, device, None, 64)   # fp32: the same answers on CPUs with and without bf16
+        run = load_run(path, device)   # fp32 (no autocast): the same answers on CPUs with and without bf16
+        predict = system_predictors(run, 64)
         results[str(path)] = {"behaviour": behaviour_report(predict, seed=0)}
         if args.counterfactual:
             results[str(path)]["counterfactual"] = counterfactual_report(args.counterfactual, predict)

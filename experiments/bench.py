@@ -52,7 +52,8 @@ from classify.engine.device import autocast, autocast_dtype, bf16_supported, gra
 from classify.engine.files import model_state, save_tensors, write_json, write_text
 from classify.engine.optim import build_optimizer, optimizer_step
 from classify.engine.runfolder import CONFIG, FORMAT_VERSION, TOKENIZER, WEIGHTS
-from classify.inference import KIND, encode_texts, load_run, predict_ids
+from classify.backends import TorchBackend
+from classify.inference import KIND, LoadedRun, classify_texts, load_run
 from classify.models import Classifier, ClassifierConfig
 from classify.text.batching import BucketBatchSampler, pad_batch
 from classify.text.data import LABEL_NAMES, load_split, normalize
@@ -94,7 +95,7 @@ class Sizes:
     model: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_MODEL))
     lengths: tuple[int, ...] = (128, 256, 512)
     batch_size: int = 32
-    infer_batch_size: int = 64          # predict_ids' default
+    infer_batch_size: int = 64          # classify_texts' default
     vocab_size: int = 30_000
     matmul_size: int = 2048
     scaling_batch: int = 16
@@ -407,7 +408,7 @@ def write_throwaway_run(folder: Path, config: ClassifierConfig, tokenizer: Token
 def classify_batches(model: Classifier, ids: list[list[int]], batches: Sequence[Sequence[int]], device: torch.device,
                      dtype: torch.dtype | None, pad_to: int | None = None) -> np.ndarray:
     """Labels for ``ids`` in input order, running the given batches (index lists); ``pad_to`` pads each batch
-    to a fixed width. Mirrors predict_ids for the pipelines that are not ours."""
+    to a fixed width. Mirrors classify.backends.batched_logits for the pipelines that are not ours."""
     labels = np.zeros(len(ids), dtype=np.int64)
     for indices in batches:
         tokens = pad_batch([ids[i] for i in indices], model.config.pad_id)
@@ -417,6 +418,11 @@ def classify_batches(model: Classifier, ids: list[list[int]], batches: Sequence[
             logits = model(to_device(tokens, device))
         labels[list(indices)] = logits.float().argmax(dim=-1).cpu().numpy()
     return labels
+
+
+def on_dtype(run: LoadedRun, device: torch.device, dtype: torch.dtype | None) -> LoadedRun:
+    """``run`` with its PyTorch model under autocast to ``dtype`` (None: fp32)."""
+    return dataclasses.replace(run, backend=TorchBackend(run.model, device, dtype))
 
 
 def fast_path_ops(model: nn.Module, tokens: Tensor) -> dict[str, bool]:
@@ -431,7 +437,7 @@ def fast_path_ops(model: nn.Module, tokens: Tensor) -> dict[str, bool]:
 def inference_section(ctx: Context) -> dict[str, Any]:
     """Raw test reviews -> labels (normalise, tokenize, batch, forward), four pipelines interleaved:
 
-    * ``ours``: classify.inference.encode_texts + predict_ids (length-bucketed batches of 64, autocast);
+    * ``ours``: classify.inference.classify_texts (length-bucketed batches of 64, autocast);
     * ``torch-fastpath``: the same encoding and batches through nn.TransformerEncoder in inference mode;
       pre-LN layers take the fused-layer fast path but not nested tensors (torch disables those for
       norm_first), so
@@ -455,15 +461,13 @@ def inference_section(ctx: Context) -> dict[str, Any]:
     post_ln = dataclasses.replace(config, norm_first=False)
 
     def ours(dtype: torch.dtype | None) -> float:
-        probs = predict_ids(run.model, encode_texts(run, texts), device, dtype, batch_size=sizes.infer_batch_size)
-        labels = probs.argmax(axis=1)
-        return float(len(labels))
+        return float(len(classify_texts(on_dtype(run, device, dtype), texts, sizes.infer_batch_size)))
 
     def theirs(model: Classifier, naive: bool, dtype: torch.dtype | None) -> float:
-        ids = encode_texts(run, texts)
+        ids = run.preprocessing.ids(texts)
         if naive:
             batches, pad_to = naive_batches, max_len
-        else:  # exactly predict_ids' batches
+        else:  # exactly classify_texts' batches
             batches, pad_to = BucketBatchSampler([len(x) for x in ids], sizes.infer_batch_size, shuffle=False), None
         return float(len(classify_batches(model, ids, batches, device, dtype, pad_to)))
 
@@ -505,15 +509,15 @@ def latency_section(ctx: Context) -> dict[str, Any]:
         loads = []
         for _ in range(sizes.load_repeats):
             start = time.perf_counter()
-            run = load_run(folder, device)
+            run = load_run(folder, device, dtype)
             loads.append(time.perf_counter() - start)
         texts = ctx.data.test_texts[: sizes.latency_reviews]
         for text in texts[:3]:  # warmup: first calls pay for kernel selection
-            predict_ids(run.model, encode_texts(run, [text]), device, dtype)
+            classify_texts(run, [text])
         latencies = []
         for text in texts:
             start = time.perf_counter()
-            predict_ids(run.model, encode_texts(run, [text]), device, dtype)
+            classify_texts(run, [text])
             latencies.append(time.perf_counter() - start)
     return {"precision": str(dtype) if dtype else "fp32", "load_s_first": loads[0],
             "load_s_median": float(np.median(loads)), "predict_reviews": len(latencies),

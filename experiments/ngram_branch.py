@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from classify.behaviour import build_suite, score, suite_texts, summary
-from classify.inference import encode_reviews
+from classify.text.prepare import Preprocessing
 from classify.ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
 from classify.text.data import load_split, normalize, training_split
 from classify.text.tokenize import CLAUSE_BREAKS, NEGATORS, token_ids, train_tokenizer
@@ -68,7 +68,7 @@ def accuracy(bag: NgramBag, ids: list[list[int]], labels: list[int]) -> float:
 def behaviour(bag: NgramBag, tokenizer, length: int) -> dict[str, float]:
     """The branch's failure rates on the behavioural suite's labelled sentences: all, and per capability."""
     suite = [c for c in build_suite() if c.kind == "mft"]
-    ids = encode_reviews(tokenizer, suite_texts(suite), length, "head+tail")
+    ids = Preprocessing(tokenizer, length, "head+tail").ids(suite_texts(suite))
     scores = score(suite, bag_logits(bag, ids).argmax(dim=1).numpy())
     return {"mft": summary(scores)["mft"], **{name: s["failure_rate"] for name, s in scores.items()}}
 
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         if v["vocab"] not in tokenizers:
             tokenizers[v["vocab"]] = train_tokenizer([normalize(t) for t in train.texts], v["vocab"], "word")
         if (v["vocab"], v["len"], name) not in encoded:
-            encoded[v["vocab"], v["len"], name] = encode_reviews(tokenizers[v["vocab"]], texts, v["len"], "head+tail")
+            prepare = Preprocessing(tokenizers[v["vocab"]], v["len"], "head+tail")
+            encoded[v["vocab"], v["len"], name] = prepare.ids(texts)
         return encoded[v["vocab"], v["len"], name]
 
     rows = []

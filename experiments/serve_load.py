@@ -293,10 +293,9 @@ def compute_reference(model: str, reviews: list[str], threads: int, limits: dict
             times.append(time.perf_counter() - start)
         return round(min(times[1:]) / len(reviews) * 1000, 2)
 
-    cpu = torch.device("cpu")
     return {"threads": threads, "reviews": len(reviews),
-            "one_at_a_time_ms": best_ms(lambda: [classify_texts(run, [t], cpu, None, 1) for t in reviews]),
-            "batched_ms": best_ms(lambda: classify_texts(run, reviews, cpu, None, limits["max_batch"],
+            "one_at_a_time_ms": best_ms(lambda: [classify_texts(run, [t], 1) for t in reviews]),
+            "batched_ms": best_ms(lambda: classify_texts(run, reviews, limits["max_batch"],
                                                          max_tokens=limits["max_batch_tokens"]))}
 
 

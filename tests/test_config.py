@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from classify import pretrain, train
-from classify.engine.config import RuntimeConfig, from_args, runtime
+from classify.engine.config import InferenceConfig, from_args, runtime
 from classify.errors import ClassifyError, run_cli
 from classify.models import ClassifierConfig, TransformerConfig
 from classify.seq2seq import cli as seq2seq_cli
@@ -33,7 +33,7 @@ def seq2seq_train_parser() -> argparse.ArgumentParser:
 PARSERS = [(train.build_parser, train.TrainConfig, ClassifierConfig),
            (pretrain.build_parser, pretrain.PretrainConfig, ClassifierConfig),
            (seq2seq_train_parser, Seq2SeqTrainConfig, TransformerConfig),
-           (serve_parser, Limits, RuntimeConfig)]   # the server has no model config: its runtime flags instead
+           (serve_parser, Limits, InferenceConfig)]   # the server has no model config: its runtime flags instead
 
 
 @pytest.mark.parametrize("make_parser, config, model", PARSERS, ids=["train", "pretrain", "seq2seq", "serve"])

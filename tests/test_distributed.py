@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 
 from classify.engine.files import read_jsonl
 from classify.engine.loop import reshard_epoch
-from classify.inference import encode_texts, load_run, predict_ids
+from classify.backends import batched_logits
+from classify.inference import load_run, softmax
 from classify.text.batching import BucketBatchSampler
 from classify.train import main
 
@@ -67,9 +68,9 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 def assert_same_predictions(run_a: Path, run_b: Path) -> None:
     a, b = load_run(run_a, torch.device("cpu")), load_run(run_b, torch.device("cpu"))
-    ids = encode_texts(a, [text for text, _ in synthetic_reviews(64, seed=5)])
-    probs_a = predict_ids(a.model, ids, torch.device("cpu"), None)
-    probs_b = predict_ids(b.model, ids, torch.device("cpu"), None)
+    ids = a.preprocessing.ids([text for text, _ in synthetic_reviews(64, seed=5)])
+    probs_a = softmax(batched_logits(a.backend, ids))
+    probs_b = softmax(batched_logits(b.backend, ids))
     assert abs(probs_a - probs_b).max() < 1e-5
 
 

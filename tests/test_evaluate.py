@@ -102,7 +102,7 @@ def test_report_scores_the_held_out_counterfactual_pairs(report, trained_run, co
     assert counterfactual["pairs"] == 10   # pair ids 0, 4, ..., 36 of the 40
     pairs = load_pairs(counterfactual_data, held_out=True)
     run = load_run(trained_run, torch.device("cpu"))
-    probabilities, _ = run_probabilities(run, pairs.texts().texts, torch.device("cpu"), None, 64)
+    probabilities, _ = run_probabilities(run, pairs.texts().texts, 64)
     for name, system in counterfactual["systems"].items():
         assert system["both"] <= min(system["original"], system["revised"])
         if name in probabilities:   # the model and its branches: the same answers as predicting the texts directly

@@ -87,7 +87,7 @@ def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, unla
         main(killed)
     assert last_state(tmp_path / "killed")[0]["step"] == 10
     monkeypatch.setattr(loop, "optimizer_step", real_step)
-    monkeypatch.setattr(train, "prepare", lambda *a, **k: pytest.fail("stage 1 ran again on resume"))
+    monkeypatch.setattr(train, "fit_ngram_stage", lambda *a, **k: pytest.fail("stage 1 ran again on resume"))
     assert main(killed) == 0
 
     (a_state, a), (b_state, b) = last_state(tmp_path / "straight"), last_state(tmp_path / "killed")

@@ -289,3 +289,29 @@ def test_negation_shares_of_a_review_still_add_up_to_the_branch_logit():
     direction = torch.tensor([-1.0, 1.0])
     expected = float((bag(torch.tensor([review]))[0] - bag.bias).detach() @ direction)
     assert abs(bag.token_contributions(review, direction).sum() - expected) < 1e-4
+
+
+def test_negation_scope_on_texts_shorter_than_it_and_without_negators_or_breaks():
+    """The shapes an exported graph meets: any length (one token included), and a vocabulary without them."""
+    short = torch.tensor([[NOT, 6], [6, 0]])
+    assert negation_scope(short, torch.tensor([NOT]), torch.tensor([STOP]), within=4).int().tolist() == [[0, 1], [0, 0]]
+    one = torch.tensor([[NOT]])
+    assert negation_scope(one, torch.tensor([NOT]), torch.tensor([STOP]), within=4).tolist() == [[False]]
+    none = torch.zeros(0, dtype=torch.long)
+    tokens = torch.tensor([[NOT, 6, STOP, 7]])
+    assert not negation_scope(tokens, none, torch.tensor([STOP]), within=4).any()
+    assert negation_scope(tokens, torch.tensor([NOT]), none, within=4).int().tolist() == [[0, 1, 1, 1]]
+
+
+def test_the_bag_sums_what_embedding_bag_sums():
+    """The gathered sum (exportable as Gather + ReduceSum) is F.embedding_bag's within float rounding."""
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, skip_bigrams=True, head=HEAD, tail=TAIL)
+    with torch.no_grad():
+        bag.weight[:BUCKETS].normal_()
+        bag.scale.uniform_(0.5, 2.0)
+    tokens = torch.randint(1, VOCAB, (5, 40), generator=torch.Generator().manual_seed(1))
+    tokens[1, 3:], tokens[2, 1:] = 0, 0
+    slots = bag.slots(tokens)
+    reference = torch.nn.functional.embedding_bag(slots, bag.weight, mode="sum", per_sample_weights=bag.scale[slots],
+                                                  padding_idx=BUCKETS) + bag.bias
+    torch.testing.assert_close(bag(tokens), reference, atol=1e-5, rtol=1e-6)

@@ -16,10 +16,11 @@ import torch
 from conftest import synthetic_reviews, write_csv, write_jsonl
 
 import classify.text.inputs as inputs_module
-from classify import inference, predict
+from classify import predict
+from classify.engine.runfolder import newest_run
 from classify.errors import ClassifyError
 from classify.explain import explain, to_html, token_attributions
-from classify.inference import encode_texts, load_run
+from classify.inference import load_run
 from classify.predict import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,7 +193,7 @@ def test_attributions_use_the_models_tokens_and_add_up(trained_run):
     text = " ".join(["wonderful film"] * 30 + ["boring"] * 10 + ["awful plot"] * 30)  # longer than max_len 64
     explanation = explain(run, text, 1, 4, torch.device("cpu"))
     assert len(explanation.segments) == 2  # head+tail truncation: the middle was not read
-    ids = encode_texts(run, [text])[0]
+    ids = run.preprocessing.ids([text])[0]
     assert sum(1 for _ in explanation.words) == len(ids)  # one word per token for this text
     # Integrated gradients + the n-gram branch's exact shares: attributions sum to f(x) - f(baseline) (log-odds),
     # the baseline being all-zero token embeddings and an empty n-gram bag (its bias alone), here within 5%.
@@ -275,7 +276,7 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
         os.utime(Path(run) / "model.safetensors", (1e9 - age, 1e9 - age))
     edit_config(tmp_path / "runs" / "translation", lambda c: c.update(kind="seq2seq"))  # newest, wrong kind
     monkeypatch.chdir(tmp_path)
-    assert inference.newest_run() == Path("runs") / "new"
+    assert newest_run(Path("runs"), "classifier") == Path("runs") / "new"
     records = run_json(capsys, GOOD[0])
     assert records[0]["label"] == "pos"
 

@@ -29,7 +29,7 @@ REVIEWS = [text for text, _ in synthetic_reviews(12, seed=5)]
 @pytest.fixture(scope="module")
 def service(trained_run):
     run = load_run(trained_run, torch.device("cpu"))
-    return ModelService(run, torch.device("cpu"), None, Limits().max_batch, Limits().max_batch_tokens)
+    return ModelService(run, Limits().max_batch, Limits().max_batch_tokens)
 
 
 def client_for(service, raise_server_exceptions: bool = True, api_key: str | None = None, **limits) -> TestClient:

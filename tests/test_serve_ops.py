@@ -27,7 +27,7 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def service(trained_run):
     run = load_run(trained_run, torch.device("cpu"))
-    return ModelService(run, torch.device("cpu"), None, Limits().max_batch, Limits().max_batch_tokens)
+    return ModelService(run, Limits().max_batch, Limits().max_batch_tokens)
 
 
 def client_for(service, api_key: str | None = None, **limits) -> TestClient:

@@ -18,7 +18,7 @@ import classify.engine.loop as loop
 from classify.engine.files import read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION, RunFolder
 from classify.errors import ClassifyError, run_cli
-from classify.inference import encode_reviews, load_run
+from classify.inference import load_run
 from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
@@ -259,14 +259,15 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
     run = load_run(out, torch.device("cpu"))
     config = run.config["train"]
     train, val = training_split(config["data"], config["val_size"], config["seed"], split=config["split"])
-    encode = lambda texts: encode_reviews(run.tokenizer, texts, run.max_len, run.truncation)
+    encode = run.preprocessing.ids
 
     def fitted_on(texts, labels):
         bag = ngram_branch(run.model.config)
         fit_ngram_bag(bag, encode(texts), labels, config["ngram_c"])
         return bag_logits(bag, encode(val.texts)).numpy()
 
-    held_out = RunFolder(out, "classifier").branch_validation(len(val), 2)
+    # The held-out logits: the validation reviews, then their closing sentences, from the first fit.
+    held_out = RunFolder(out, "classifier").branch_validation(2 * len(val), 2)[: len(val)]
     np.testing.assert_allclose(held_out, fitted_on(train.texts, train.labels), atol=1e-4)   # the first fit's
     kept = bag_logits(run.model.ngram, encode(val.texts)).numpy()
     np.testing.assert_allclose(kept, fitted_on(train.texts + val.texts, train.labels + val.labels), atol=1e-4)
@@ -274,12 +275,16 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
     mix = json.loads((out / "test_metrics.json").read_text())
     assert mix["val_accuracy"]["ngram"] == float((held_out.argmax(1) == np.asarray(val.labels)).mean())
 
-    assert main(["--data", str(parquet_data), "--output", str(tmp_path / "plain"), "--max-steps", "2", "--no-test",
+    plain = tmp_path / "plain"
+    assert main(["--data", str(parquet_data), "--output", str(plain), "--max-steps", "2", "--no-test",
                  "--no-ngram-refit", *TINY_MODEL_ARGS]) == 0
-    assert not (tmp_path / "plain" / "branch_validation.json").exists()
+    # Without the refit the kept branch is the first fit: its logits are the held-out ones.
+    kept = bag_logits(load_run(plain, torch.device("cpu")).model.ngram, encode(val.texts)).numpy()
+    np.testing.assert_allclose(RunFolder(plain, "classifier").branch_validation(2 * len(val), 2)[: len(val)], kept,
+                               atol=1e-5)
     (out / "branch_validation.json").write_text('{"count": 2, "logits": [[0, 1], [1, 0]]}')
     with pytest.raises(ClassifyError, match="is damaged or from another split"):
-        RunFolder(out, "classifier").branch_validation(len(val), 2)
+        RunFolder(out, "classifier").branch_validation(2 * len(val), 2)
 
 
 def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, tmp_path, capsys):

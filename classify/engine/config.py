@@ -130,6 +130,15 @@ class RuntimeConfig:
 
 
 @dataclass(kw_only=True)
+class InferenceConfig(RuntimeConfig):
+    """Where and how a command that only runs a trained model computes (predict, serve)."""
+
+    backend: str = setting("torch", "torch: a run folder on PyTorch; onnx: a folder written by classify.export, on "
+                                    "ONNX Runtime's CPU provider (--threads threads; --device and --precision are "
+                                    "PyTorch's)", choices=("torch", "onnx"))
+
+
+@dataclass(kw_only=True)
 class RunConfig(RuntimeConfig):
     """Everything that defines a training run except the model (whose config is the model's own), as
     ``classify.engine.loop.fit`` reads it. A trainer subclasses it (``TrainConfig``, ...)."""

@@ -88,6 +88,22 @@ def read_model_config(run: str | Path, kind: str, config_class):
     return config, model_config
 
 
+def newest_run(root: Path, kind: str, weights: str = WEIGHTS) -> Path:
+    """The folder under ``root`` of ``kind`` whose ``weights`` file was written last (folders of other kinds,
+    e.g. translation models, live there too)."""
+    found = sorted(root.rglob(weights), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    for path in reversed(found):
+        try:
+            if json.loads((path.parent / CONFIG).read_text(encoding="utf-8")).get("kind") == kind:
+                return path.parent
+        except (OSError, ValueError, AttributeError):
+            continue  # no or unreadable config: not a usable folder
+    what, make = ((f"trained {kind} run", "train one with python -m classify.train") if weights == WEIGHTS else
+                  (f"{kind} export", "write one with python -m classify.export"))
+    raise ClassifyError(f"no --model given and no {what} (a folder with {weights}) under {root}/; {make} "
+                        f"or pass --model FOLDER")
+
+
 # -------------------------------------------------------------------------- writing
 class RunFolder:
     """The run folder of one training, written by one process at a time.

@@ -17,7 +17,7 @@ import sys
 
 from rich.console import Console
 
-from ..engine.config import HelpFormatter, RuntimeConfig, add_flags, from_args, runtime
+from ..engine.config import HelpFormatter, InferenceConfig, add_flags, from_args
 from ..errors import ClassifyError, run_cli
 from ..inference import RUNS_DIR, open_run
 from .limits import Limits
@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"run folder (default: the newest classifier run under {RUNS_DIR}/)")
-    add_flags(g, RuntimeConfig)
+    g.add_argument("--model", help=f"run folder, or with --backend onnx a folder written by classify.export "
+                                   f"(default: the newest of its kind under {RUNS_DIR}/)")
+    add_flags(g, InferenceConfig)
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -80,9 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ClassifyError(f"cannot listen on {args.host} port {args.port}: {err.strerror or err}") from None
     with sock:
         console = Console(stderr=True)
-        device, dtype = runtime(args)
-        run = open_run(args.model, device, dtype, console)
-        app = create_app(ModelService(run, device, dtype, limits.max_batch, limits.max_batch_tokens), limits, api_key)
+        run = open_run(args.model, args, console)
+        app = create_app(ModelService(run, limits.max_batch, limits.max_batch_tokens), limits, api_key)
         host, port = sock.getsockname()[:2]
         if warning := exposure_warning(host, api_key):
             console.print(warning, style="yellow", highlight=False, soft_wrap=True)

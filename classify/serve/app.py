@@ -14,8 +14,6 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from importlib import resources
 
-import numpy as np
-import torch
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,8 +51,7 @@ class ModelHeader:
 
 
 def _prediction(result: TextResult, labels: list[str]) -> dict:
-    k = int(np.argmax(result.probabilities))
-    return {"label": labels[k], "score": float(result.probabilities[k]),
+    return {"label": result.label, "score": result.score,
             "probabilities": {name: float(p) for name, p in zip(labels, result.probabilities)},
             "notes": result.notes}
 
@@ -130,6 +127,10 @@ def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | 
         """As /v1/predict, plus each word's attribution to the predicted label (integrated gradients)."""
         texts = request.all_texts
         _check_count(texts, limits.max_explain_texts, "--max-explain-texts")
+        if service.run.backend.name != "torch":
+            raise UserError(f"explanations need the PyTorch model, and this server runs --backend "
+                            f"{service.run.backend.name}: use /v1/predict, or serve the run folder with "
+                            f"--backend torch")
         explained = await batcher.call(lambda: service.explain(texts, request.steps),
                                        weight=len(texts) * request.steps)
         _check_read([e.result for e in explained])
@@ -143,9 +144,7 @@ def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | 
     @app.get("/v1/model", response_model=ModelInfo)
     async def model() -> ModelInfo:
         """The loaded run: its folder, sizes, training and test metrics; and how it is being served."""
-        runtime = {"device": str(service.device),
-                   "precision": str(service.dtype).removeprefix("torch.") if service.dtype else "fp32",
-                   "threads": torch.get_num_threads(), "limits": asdict(limits), "batches": asdict(batcher.stats)}
+        runtime = {**service.run.backend.runtime, "limits": asdict(limits), "batches": asdict(batcher.stats)}
         return ModelInfo(**service.describe(), runtime=runtime)
 
     @app.get("/metrics", include_in_schema=False)

@@ -2,7 +2,8 @@
 
 ``predict`` and ``explain`` do model arithmetic and block: the app calls them only on the
 micro-batch worker thread. Both go through ``inference.classify_texts``, the path that
-``classify.predict`` takes, so the server adds nothing of its own to the model's arithmetic.
+``classify.predict`` takes, on the run's backend (PyTorch or ONNX Runtime), so the server adds nothing of its own
+to the model's arithmetic.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from ..engine.files import read_json, read_jsonl
-from ..engine.runfolder import METRICS, TEST_METRICS, WEIGHTS
+from ..engine.runfolder import METRICS, TEST_METRICS
 from ..errors import ClassifyError
 from ..explain import Explanation, explain, explained_class
 from ..inference import LoadedRun, TextResult, classify_texts
@@ -38,8 +38,8 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    """Which model answers: the run folder's name, a version (the first 12 hex digits of the weights'
-    SHA-256, so it changes exactly when the weights do) and the whole hash. Computed once, at load."""
+    """Which model answers: the model folder's name, a version (the first 12 hex digits of the SHA-256 of the file
+    the backend runs, so it changes exactly when the weights do) and the whole hash. Computed once, at load."""
 
     name: str
     sha256: str
@@ -55,25 +55,23 @@ class ModelIdentity:
 
     @classmethod
     def of(cls, run: LoadedRun) -> "ModelIdentity":
-        return cls(run.path.name, file_sha256(run.path / WEIGHTS))
+        return cls(run.path.name, file_sha256(run.weights))
 
 
 class ModelService:
-    def __init__(self, run: LoadedRun, device: torch.device, dtype: torch.dtype | None, batch_size: int,
-                 max_tokens: int | None = None):
-        self.run, self.device, self.dtype = run, device, dtype
-        self.batch_size, self.max_tokens = batch_size, max_tokens
+    def __init__(self, run: LoadedRun, batch_size: int, max_tokens: int | None = None):
+        self.run, self.batch_size, self.max_tokens = run, batch_size, max_tokens
         self.identity = ModelIdentity.of(run)
         self.id = self.identity.id
 
     def predict(self, texts: list[str]) -> list[TextResult]:
-        return classify_texts(self.run, texts, self.device, self.dtype, self.batch_size, max_tokens=self.max_tokens)
+        return classify_texts(self.run, texts, self.batch_size, max_tokens=self.max_tokens)
 
     def explain(self, texts: list[str], steps: int) -> list[Explained]:
-        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``),
-        towards ``explained_class`` (the positive class of two, whatever the answer)."""
+        """Predict, then attribute each prediction to the words (integrated gradients, ``classify.explain``; the
+        PyTorch backend only), towards ``explained_class`` (the positive class of two, whatever the answer)."""
         return [Explained(r, None if r.probabilities is None else
-                          explain(self.run, r.text, explained_class(r.probabilities), steps, self.device))
+                          explain(self.run, r.text, explained_class(r.probabilities), steps, self.run.backend.device))
                 for r in self.predict(texts)]
 
     def describe(self) -> dict[str, Any]:
@@ -87,7 +85,7 @@ class ModelService:
             "sha256": self.identity.sha256,
             "run": str(run.path.resolve()),
             "labels": run.labels,
-            "parameters": sum(p.numel() for p in run.model.parameters()),
+            "parameters": run.backend.parameters,
             "sizes": run.config.get("model", {}),
             "truncation": run.truncation,
             "training": {"config": run.config.get("train", {}), **_validation_metrics(run)},

@@ -1,0 +1,132 @@
+"""The second stage of inference: token ids -> logits, on a backend.
+
+A backend runs one padded batch: ``logits(tokens (B, T) int64) -> (B, C) float32``, exactly
+``Classifier.forward``. ``TorchBackend`` runs the PyTorch model (optionally under autocast) and also gives each
+branch's logits (training and evaluation need them); ``OnnxBackend`` runs a folder written by
+``classify.export`` with ONNX Runtime on the CPU. ``batched_logits`` feeds either of them id lists of any
+lengths in length-bucketed batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .engine.device import autocast, to_device
+from .errors import ClassifyError
+from .models import BranchLogits, Classifier
+from .text.batching import BucketBatchSampler, pad_batch
+
+class Backend(Protocol):
+    """What the inference path needs from a runtime."""
+
+    name: str                 # "torch" | "onnx"
+    pad_id: int               # the id padding is made of
+    num_classes: int
+    parameters: int           # the model's size, for /v1/model
+    runtime: dict             # how it computes, for /v1/model: backend, device, precision, threads
+
+    def logits(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens (B, T) int64, right-padded with ``pad_id`` -> logits (B, num_classes) float32."""
+        ...
+
+
+class TorchBackend:
+    """A ``Classifier`` on ``device``, under autocast to ``dtype`` (None: fp32)."""
+
+    name = "torch"
+
+    def __init__(self, model: Classifier, device: torch.device, dtype: torch.dtype | None):
+        self.model, self.device, self.dtype = model.eval(), device, dtype
+        self.pad_id, self.num_classes = model.config.pad_id, model.config.num_classes
+        self.parameters = sum(p.numel() for p in model.parameters())
+
+    @property
+    def runtime(self) -> dict:
+        return {"backend": self.name, "device": str(self.device),
+                "precision": str(self.dtype).removeprefix("torch.") if self.dtype else "fp32",
+                "threads": torch.get_num_threads()}
+
+    def logits(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(self.model, tokens).float().cpu().numpy()
+
+    def branches(self, tokens: np.ndarray) -> BranchLogits:
+        """tokens (B, T) -> each branch's logits before the mix, as NumPy (``models.BranchLogits``)."""
+        parts = self._run(self.model.branches, tokens)
+        return BranchLogits(*(None if t is None else t.float().cpu().numpy() if t.is_floating_point()
+                              else t.cpu().numpy() for t in parts))
+
+    def _run(self, forward, tokens: np.ndarray):
+        with torch.inference_mode(), autocast(self.device, self.dtype):
+            return forward(to_device(torch.from_numpy(tokens), self.device))
+
+
+class OnnxBackend:
+    """An exported classifier (``classify.export``) on ONNX Runtime's CPU provider, ``threads`` threads
+    (None: ONNX Runtime's choice, one per physical core)."""
+
+    name = "onnx"
+
+    def __init__(self, path: Path, pad_id: int, num_classes: int, parameters: int, threads: int | None):
+        try:
+            import onnxruntime as ort
+        except ImportError as err:
+            raise ClassifyError(f"--backend onnx needs the export extra ({err}): pip install -e '.[export]'") from None
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or 0
+        options.inter_op_num_threads = 1          # one graph at a time: the threads go to the matrix products
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own exception types for unreadable models
+            raise ClassifyError(f"ONNX Runtime cannot load {path}: {str(err).splitlines()[0]}") from None
+        self.pad_id, self.num_classes, self.parameters = pad_id, num_classes, parameters
+        self.runtime = {"backend": self.name, "device": "cpu", "precision": "fp32", "threads": threads or "default"}
+
+    def logits(self, tokens: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"tokens": tokens})[0]
+
+
+def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[list[int]], pad_id: int,
+            batch_size: int = 64, max_tokens: int | None = None,
+            progress: Callable[[int], None] | None = None) -> list[np.ndarray | None]:
+    """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) arrays or None) over token id lists in
+    length-bucketed batches: its outputs for all N texts in input order, (N, ...) each (None stays None).
+
+    ``max_tokens``: cut batches by padded tokens instead of by ``batch_size`` (the server: reviews of very
+    different lengths batch well). ``progress``: called with the number of texts done."""
+    # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
+    ids = [x if x else [pad_id] for x in ids]
+    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
+    outputs: list[np.ndarray | None] = []
+    done = 0
+    for indices in sampler:
+        out = forward(pad_batch([ids[i] for i in indices], pad_id).numpy())
+        if not outputs:
+            outputs = [None if a is None else np.zeros((len(ids), *a.shape[1:]), a.dtype) for a in out]
+        for k, array in enumerate(out):
+            if array is not None:
+                outputs[k][indices] = array   # type: ignore[index]
+        done += len(indices)
+        if progress is not None:
+            progress(done)
+    return outputs
+
+
+def batched_logits(backend: Backend, ids: list[list[int]], batch_size: int = 64, max_tokens: int | None = None,
+                   progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Token id lists -> logits (N, C) float32 in input order, on ``backend`` (see ``batched``)."""
+    if not ids:
+        return np.zeros((0, backend.num_classes), dtype=np.float32)
+    return batched(lambda t: (backend.logits(t),), ids, backend.pad_id, batch_size, max_tokens, progress)[0]
+
+
+def batched_branches(backend: TorchBackend, ids: list[list[int]], batch_size: int = 64,
+                     progress: Callable[[int], None] | None = None) -> BranchLogits:
+    """Token id lists -> each branch's logits before the mix, in input order: (N, C), (N, C) or None without an
+    n-gram branch, lengths (N,)."""
+    return BranchLogits(*batched(backend.branches, ids, backend.pad_id, batch_size, progress=progress))

@@ -1,0 +1,67 @@
+"""The first stage of inference: raw review texts -> the token ids a model reads, and what was cut.
+
+    prepare = Preprocessing(tokenizer, max_len=512, truncation="head+tail")
+    [p.ids for p in prepare(texts)]              # what train, evaluate, predict and serve all feed the model
+
+Every model folder (a run, or an export for ONNX Runtime) holds what this needs: ``tokenizer.json``, and
+``max_len`` and ``truncation`` in ``config.json``; so every backend reads the same ids for the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+from .data import normalize
+from .tokenize import truncate
+
+CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``Preprocessing.clip``)
+
+
+@dataclass
+class Prepared:
+    """One raw text, ready for the model."""
+
+    text: str                 # the text as tokenized (after ``clip``)
+    normalized: str           # ... and normalised (what the tokenizer saw; empty when only markup was left)
+    ids: list[int]            # the token ids the model reads (at most ``max_len``)
+    notes: list[str]          # what was truncated, for people
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """Clip, normalise, tokenize and truncate raw texts as a model was trained to read them."""
+
+    tokenizer: Tokenizer
+    max_len: int
+    truncation: str           # "head" | "tail" | "head+tail" (``text.tokenize.truncate``)
+
+    def clip(self, text: str) -> tuple[str, str | None]:
+        """Cut a very long review to ``CHARS_PER_TOKEN`` characters per model position before tokenizing,
+        keeping the same head/tail proportions as the token truncation, so a megabyte review costs no more
+        than a long one. Reviews shorter than that (every IMDB review) are untouched."""
+        budget = CHARS_PER_TOKEN * self.max_len
+        if len(text) <= budget:
+            return text, None
+        note = (f"truncated: {len(text):,} characters, of which the model read {self.max_len} tokens "
+                f"({self.truncation})")
+        return truncate(text, budget, self.truncation), note  # type: ignore[arg-type]  (slices characters)
+
+    def __call__(self, texts: list[str]) -> list[Prepared]:
+        """Raw texts -> ``Prepared`` in input order, tokenized in one batch (in Rust, in parallel)."""
+        clipped = [self.clip(text) for text in texts]
+        normalized = [normalize(text) for text, _ in clipped]
+        encodings = self.tokenizer.encode_batch(normalized, add_special_tokens=False)
+        out = []
+        for (text, note), norm, encoding in zip(clipped, normalized, encodings):
+            full = encoding.ids
+            notes = [note] if note else []
+            if len(full) > self.max_len and not notes:  # (a clipped review's note already says so)
+                notes.append(f"truncated: the model read {self.max_len} of its {len(full)} tokens ({self.truncation})")
+            out.append(Prepared(text, norm, truncate(full, self.max_len, self.truncation), notes))
+        return out
+
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        """Raw texts -> only the token ids (training and evaluation sets)."""
+        return [p.ids for p in self(texts)]

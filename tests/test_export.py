@@ -1,0 +1,205 @@
+"""python -m classify.export and --backend onnx: the exported graph computes PyTorch's logits, predict and serve
+answer the same on both backends, every export failure is one line, and a failed export leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime", reason="the export extra is not installed (pip install -e '.[export]')")
+
+from conftest import TINY_MODEL_ARGS, synthetic_reviews  # noqa: E402
+
+from classify import export as export_module  # noqa: E402
+from classify.errors import ClassifyError, run_cli  # noqa: E402
+from classify.inference import ONNX_MODEL, load_export, load_run  # noqa: E402
+from classify.predict import main as predict_main  # noqa: E402
+from classify.text.batching import pad_batch  # noqa: E402
+
+TEXTS = [text for text, _ in synthetic_reviews(24, seed=3)]
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run, tmp_path_factory) -> Path:
+    """The tiny trained run (n-gram branch with every family, negation included) exported."""
+    out = tmp_path_factory.mktemp("exports") / "tiny"
+    assert export_module.main(["--model", str(trained_run), "--output", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pure_transformer(parquet_data, tmp_path_factory) -> tuple[Path, Path]:
+    """A run without the n-gram branch (no mix either) and its export."""
+    from classify.train import main
+
+    root = tmp_path_factory.mktemp("pure")
+    assert main(["--data", str(parquet_data), "--output", str(root / "run"), "--max-steps", "3",
+                 *TINY_MODEL_ARGS, "--ngram-orders", "0"]) == 0
+    assert export_module.main(["--model", str(root / "run"), "--output", str(root / "export")]) == 0
+    return root / "run", root / "export"
+
+
+def batches(run) -> dict[str, np.ndarray]:
+    """Padded token batches (B, T): mixed lengths, one review, a one-token text, the longest allowed text."""
+    ids = run.preprocessing.ids(TEXTS)
+    longest = run.preprocessing.ids([" ".join(TEXTS)])   # truncated to max_len
+    one_token = run.preprocessing.ids(["superb"])
+    assert len(longest[0]) == run.max_len and len(one_token[0]) == 1
+    return {"mixed lengths": pad_batch(ids, 0).numpy(), "one review": pad_batch(ids[:1], 0).numpy(),
+            "one token": pad_batch(one_token, 0).numpy(),
+            "max_len": pad_batch(longest + ids[:2], 0).numpy()}
+
+
+@pytest.mark.parametrize("which", ["ngram branch", "pure transformer"])
+def test_the_exported_model_computes_pytorchs_logits(which, trained_run, exported, pure_transformer):
+    run_folder, export_folder = (trained_run, exported) if which == "ngram branch" else pure_transformer
+    torch_run, onnx_run = load_run(run_folder, torch.device("cpu")), load_export(export_folder, threads=1)
+    assert (torch_run.model.ngram is not None) == (which == "ngram branch")
+    for name, tokens in batches(torch_run).items():
+        assert tokens.dtype == np.int64
+        expected, got = torch_run.backend.logits(tokens), onnx_run.backend.logits(tokens)
+        assert got.dtype == np.float32 and got.shape == (len(tokens), 2), name
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0, err_msg=name)
+
+
+def test_the_export_folder_holds_what_the_runtime_needs(trained_run, exported):
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
+    config = json.loads((exported / "config.json").read_text())
+    run_config = json.loads((trained_run / "config.json").read_text())
+    assert config["kind"] == "classifier-onnx" and config["labels"] == ["neg", "pos"]
+    assert config["model"] == run_config["model"] and config["train"]["truncation"] == "head+tail"
+    model = load_run(trained_run, torch.device("cpu")).model
+    assert config["export"]["parameters"] == sum(p.numel() for p in model.parameters())
+    assert (exported / "tokenizer.json").read_bytes() == (trained_run / "tokenizer.json").read_bytes()
+    assert not list(exported.parent.glob(".*"))   # no temporary folder left beside it
+
+
+def predict_json(capsys, *argv) -> list[dict]:
+    assert predict_main([*argv, "--json", "--quiet"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_predict_on_onnx_runtime_answers_as_on_pytorch(trained_run, exported, capsys):
+    texts = [*TEXTS[:6], "", "superb", "A wonderful film. " * 200]
+    on_torch = predict_json(capsys, "--model", str(trained_run), "--precision", "fp32", *texts)
+    on_onnx = predict_json(capsys, "--model", str(exported), "--backend", "onnx", "--threads", "1", *texts)
+    assert [r.get("label") for r in on_onnx] == [r.get("label") for r in on_torch]
+    assert [r["notes"] for r in on_onnx] == [r["notes"] for r in on_torch] and on_onnx[6]["error"] == "empty review"
+    assert any("truncated" in note for note in on_onnx[8]["notes"])
+    for a, b in zip(on_onnx, on_torch):
+        if "probabilities" in b:
+            assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+
+
+def fails(main, capsys, prog: str, *argv) -> str:
+    """``main`` run as ``python -m`` runs it must exit 2 with one line on stderr; that line."""
+    assert run_cli(main, list(argv), prog=prog) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(f"{prog}: error: ")
+    return err
+
+
+def export_fails(capsys, *argv) -> str:
+    return fails(export_module.main, capsys, "classify.export", *argv)
+
+
+def test_every_documented_export_failure_is_one_line(trained_run, exported, tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "out")
+    assert "run folder not found" in export_fails(capsys, "--model", str(tmp_path / "nothing"), "--output", out)
+    translation = Path(shutil.copytree(trained_run, tmp_path / "translation", ignore=shutil.ignore_patterns("last")))
+    config = json.loads((translation / "config.json").read_text())
+    (translation / "config.json").write_text(json.dumps({**config, "kind": "seq2seq"}))
+    assert "not a 'classifier' run" in export_fails(capsys, "--model", str(translation), "--output", out)
+    assert "not a 'classifier' run" in export_fails(capsys, "--model", str(exported), "--output", out)
+    assert "already exists; pass --overwrite" in export_fails(capsys, "--model", str(trained_run), "--output",
+                                                              str(exported))
+
+    def broken_exporter(*args, **kwargs):
+        raise RuntimeError("Failed to export the model with torch.export.\nmore detail")
+
+    monkeypatch.setattr(torch.onnx, "export", broken_exporter)
+    message = export_fails(capsys, "--model", str(trained_run), "--output", out)
+    assert "the ONNX exporter failed" in message and "Failed to export the model with torch.export." in message
+    assert not list(tmp_path.glob("out*")) and not list(tmp_path.glob(".out*"))
+
+
+def test_an_interrupted_export_leaves_no_folder_and_keeps_the_old_one(trained_run, exported, tmp_path, monkeypatch):
+    def interrupted(run, path):
+        path.write_bytes(b"half a graph")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_module, "export_graph", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_module.export(trained_run, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+    # A failure after the graph (here: writing config.json) with --overwrite keeps the previous export whole.
+    previous = Path(shutil.copytree(exported, tmp_path / "previous"))
+    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+    monkeypatch.setattr(export_module, "write_json", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(ClassifyError, match="No space left.*nothing was written"):
+        export_module.export(trained_run, previous, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
+    assert (previous / ONNX_MODEL).read_bytes() == (exported / ONNX_MODEL).read_bytes()
+    monkeypatch.undo()
+    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+    (previous / "stale.txt").write_text("from the old export")
+    export_module.export(trained_run, previous, overwrite=True)
+    assert sorted(p.name for p in previous.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
+
+
+def test_backend_mistakes_are_one_line_errors(trained_run, exported, capsys):
+    def predict_fails(*argv) -> str:
+        return fails(predict_main, capsys, "classify.predict", *argv, "great film")
+
+    assert "--explain needs the PyTorch model" in predict_fails("--model", str(exported), "--backend", "onnx",
+                                                                "--explain")
+    assert "is a training run, not an export" in predict_fails("--model", str(trained_run), "--backend", "onnx")
+    assert "is an ONNX export: run it with --backend onnx" in predict_fails("--model", str(exported))
+    assert "runs the exported fp32 model on the CPU" in predict_fails("--model", str(exported), "--backend", "onnx",
+                                                                      "--precision", "bf16")
+
+
+def test_the_server_runs_the_export_and_explains_only_on_pytorch(trained_run, exported):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed (pip install -e '.[serve]')")
+    from fastapi.testclient import TestClient
+
+    from classify.serve.app import create_app
+    from classify.serve.service import ModelService
+
+    answers = {}
+    for name, run in (("torch", load_run(trained_run, torch.device("cpu"))), ("onnx", load_export(exported, 1))):
+        with TestClient(create_app(ModelService(run, 64, 2048))) as client:
+            answers[name] = client.post("/v1/predict", json={"texts": TEXTS[:4]}).json()["predictions"]
+            info = client.get("/v1/model").json()
+            assert info["runtime"]["backend"] == name and info["parameters"] > 0
+            explained = client.post("/v1/explain", json={"text": TEXTS[0]})
+            assert explained.status_code == (200 if name == "torch" else 422)
+    assert "--backend onnx" in explained.json()["error"]
+    assert [p["label"] for p in answers["onnx"]] == [p["label"] for p in answers["torch"]]
+    for a, b in zip(answers["onnx"], answers["torch"]):
+        assert a["probabilities"] == pytest.approx(b["probabilities"], abs=1e-5)
+
+
+def test_evaluate_scores_the_export_as_it_scores_the_run(trained_run, exported, parquet_data, tmp_path):
+    from classify.evaluate import main as evaluate_main
+
+    scores = {}
+    for backend, model in (("torch", trained_run), ("onnx", exported)):
+        out = tmp_path / backend
+        assert evaluate_main(["--model", str(model), "--backend", backend, "--data", str(parquet_data), "--limit", "60",
+                              "--precision", "fp32" if backend == "torch" else "auto", "--output", str(out),
+                              "--quiet"]) == 0
+        scores[backend] = json.loads((out / "metrics.json").read_text())
+    # The export runs the whole model only: no branch alone; the behavioural suite scores it as well.
+    assert list(scores["onnx"]["systems"]) == ["model"] and list(scores["onnx"]["behaviour"]["systems"]) == ["model"]
+    assert scores["onnx"]["behaviour"]["systems"]["model"]["failure_rate"] == pytest.approx(
+        scores["torch"]["behaviour"]["systems"]["model"]["failure_rate"])
+    scores = {backend: s["systems"]["model"] for backend, s in scores.items()}
+    assert scores["onnx"]["accuracy"] == scores["torch"]["accuracy"]
+    assert scores["onnx"]["log_loss"] == pytest.approx(scores["torch"]["log_loss"], abs=1e-5)
