@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
+import time
 from typing import Any
 
 import torch
@@ -19,18 +21,30 @@ import torch
 from ..errors import ClassifyError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-M_MMAP_THRESHOLD = -3     # glibc's mallopt parameter
+_heap_trimmer: threading.Thread | None = None
 
 
-def bound_heap(threshold: int = 1 << 20) -> None:
-    """Give blocks of ``threshold`` bytes or more their own mappings, returned to the system when freed (glibc;
-    elsewhere nothing). glibc raises that threshold as big blocks are freed, up to 32 MiB, and then serves them
-    from a heap that fragments: batches of ever-different shapes (length buckets, oneDNN's bf16 kernels) grew a
-    training process by 1-2 GB that it never gave back. A fixed threshold keeps it near what it uses."""
+def trim_heap_periodically(seconds: float = 5.0) -> None:
+    """Every ``seconds``, hand the heap's free pages back to the system (glibc's ``malloc_trim``, from a daemon
+    thread started once per process; elsewhere nothing). Batches of ever-different shapes (length buckets,
+    oneDNN's bf16 kernels) fragment glibc's heap, and freed memory between live blocks stays resident: training
+    and then the test evaluation grew the README command by 3 GB. A fixed mmap threshold bounded it better but
+    trained 24% slower; this costs no measurable speed (experiments/RESULTS.md)."""
+    global _heap_trimmer
+    if _heap_trimmer is not None:
+        return
     try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc
-        pass
+        return
+
+    def trim_forever() -> None:
+        while True:
+            time.sleep(seconds)
+            trim(0)
+
+    _heap_trimmer = threading.Thread(target=trim_forever, name="heap-trim", daemon=True)
+    _heap_trimmer.start()
 
 
 def resolve_device(name: str = "auto") -> torch.device:
