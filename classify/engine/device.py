@@ -5,6 +5,7 @@
     with autocast(device, dtype): loss = ...
     scaler = grad_scaler(device, dtype)          # active only for fp16
     batch = to_device(batch, device)             # non_blocking from pinned memory on CUDA
+    trim_heap_periodically()                     # glibc: free memory back to the system every 5 s (trainers)
 """
 
 from __future__ import annotations
