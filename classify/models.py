@@ -193,13 +193,12 @@ class Classifier(nn.Module):
         w = self.mix_weights(parts.lengths).to(parts.transformer.dtype)   # (B, 2)
         return w[:, :1] * parts.transformer + w[:, 1:] * parts.ngram
 
-    def upgrade_state(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Weights saved by an older version -> this one's layout: a mix of two constant weights (2,) is the
-        length-aware mix with zero slopes."""
-        mix = tensors.get("mix")
+    def upgrade_state(self, tensors: dict[str, Tensor], prefix: str) -> None:
+        """Weights saved before the mix depended on length hold two constant weights (2,): they are the
+        length-dependent mix with zero slopes (``tensors`` is changed in place; ``load_model_weights`` calls it)."""
+        mix = tensors.get(prefix + "mix")
         if mix is not None and mix.dim() == 1:
-            tensors = {**tensors, "mix": torch.stack([mix, torch.zeros_like(mix)], dim=1)}
-        return tensors
+            tensors[prefix + "mix"] = torch.stack([mix, torch.zeros_like(mix)], dim=1)
 
     def encode(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> contextual token vectors (B, T, D)."""

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL_ARGS, synthetic_reviews
-from safetensors.torch import load_file
 
-from classify.engine.files import read_jsonl
+from classify.engine.files import load_tensors, read_jsonl
 from classify.engine.loop import reshard_epoch
 from classify.backends import batched_logits
 from classify.inference import load_run, softmax
@@ -50,7 +49,7 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 def last_weights(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     state = json.loads((run / "last" / "state.json").read_text())
-    return state, load_file(str(run / "last" / state["weights_file"]))
+    return state, load_tensors(run / "last" / state["weights_file"])
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -134,13 +134,13 @@ def test_full_disk_while_saving_is_one_line_and_keeps_last(parquet_data, tmp_pat
     main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
     real_save, calls = files.save_file, {"n": 0}
 
-    def disk_fills_up(tensors, filename):
+    def disk_fills_up(tensors, filename, metadata=None):
         calls["n"] += 1
         if calls["n"] > 4:  # best weights at step 8, last/ (weights + optimizer) at 5; then the disk is full
             with open(filename, "wb") as f:
                 f.write(b"partial")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_save(tensors, filename)
+        return real_save(tensors, filename, metadata=metadata)
 
     monkeypatch.setattr(files, "save_file", disk_fills_up)
     assert run_cli(main, argv) == 2

@@ -1,4 +1,4 @@
-"""The n-gram branch: hashing, padding, gradients, fitting, mixing, checkpoints."""
+"""The n-gram branch: hashing, padding, gradients, fitting, mixing, checkpoints and their compact storage."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from classify.engine import files
+from classify.engine.optim import build_optimizer
+from classify.engine.runfolder import LAST, RunFolder
 from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
 from classify.mix import fit_mix, mix_features, mixed_logits
@@ -94,7 +98,6 @@ def branch_model(seed: int = 0) -> Classifier:
     with torch.no_grad():  # a non-trivial branch and mix, so that a wrong slot would show
         model.ngram.weight.normal_()
         model.ngram.weight[BUCKETS] = 0
-        model.ngram.scale[:BUCKETS].uniform_(0.5, 2.0)
         model.mix.copy_(torch.tensor([[0.7, 0.1], [1.3, -0.2]]))
     return model
 
@@ -117,11 +120,10 @@ def test_branch_output_is_the_sum_of_its_slots_and_gradients_reach_exactly_those
     bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
     with torch.no_grad():
         bag.weight.normal_()
-        bag.scale.uniform_(0.5, 2.0)
     review = [3, 1, 4, 1, 5]
     out = bag(pad_batch([review, [2]], 0, length=8))
     slots = sorted(expected_slots(review))
-    torch.testing.assert_close(out[0], (bag.weight[slots] * bag.scale[slots, None]).sum(0) + bag.bias)
+    torch.testing.assert_close(out[0], bag.weight[slots].sum(0) + bag.bias)
     out[0, 1].backward()
     touched = bag.weight.grad[:, 1].nonzero().flatten().tolist()
     assert touched == slots and bag.weight.grad[BUCKETS].abs().sum() == 0
@@ -223,7 +225,6 @@ def test_token_contributions_add_up_to_the_branch_logit_difference(extra):
     bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, **extra)
     with torch.no_grad():
         bag.weight.normal_()
-        bag.scale.uniform_(0.5, 2.0)
     review = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4, 1, 5]         # repeated n-grams count once
     direction = torch.tensor([-1.0, 1.0])
     shares = bag.token_contributions(review, direction)
@@ -284,7 +285,6 @@ def test_negation_shares_of_a_review_still_add_up_to_the_branch_logit():
     bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, skip_bigrams=True, negation=4, negators=(3, 4), breaks=(9,))
     with torch.no_grad():
         bag.weight.normal_()
-        bag.scale.uniform_(0.5, 2.0)
     review = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 1, 4, 1, 5]
     direction = torch.tensor([-1.0, 1.0])
     expected = float((bag(torch.tensor([review]))[0] - bag.bias).detach() @ direction)
@@ -308,10 +308,109 @@ def test_the_bag_sums_what_embedding_bag_sums():
     bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0, skip_bigrams=True, head=HEAD, tail=TAIL)
     with torch.no_grad():
         bag.weight[:BUCKETS].normal_()
-        bag.scale.uniform_(0.5, 2.0)
     tokens = torch.randint(1, VOCAB, (5, 40), generator=torch.Generator().manual_seed(1))
     tokens[1, 3:], tokens[2, 1:] = 0, 0
     slots = bag.slots(tokens)
-    reference = torch.nn.functional.embedding_bag(slots, bag.weight, mode="sum", per_sample_weights=bag.scale[slots],
-                                                  padding_idx=BUCKETS) + bag.bias
+    reference = torch.nn.functional.embedding_bag(slots, bag.weight, mode="sum", padding_idx=BUCKETS) + bag.bias
     torch.testing.assert_close(bag(tokens), reference, atol=1e-5, rtol=1e-6)
+
+
+def toy_reviews(count: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Reviews of filler words with one class word each: class 1 says 10, 11 or 12; class 0 says 20, 21 or 22."""
+    rng = np.random.default_rng(seed)
+    ids, labels = [], []
+    for i in range(count):
+        label = i % 2
+        words = rng.integers(30, VOCAB, size=rng.integers(5, 20)).tolist()
+        words.insert(int(rng.integers(0, len(words))), int(rng.choice([10, 11, 12] if label else [20, 21, 22])))
+        ids.append(words)
+        labels.append(label)
+    return ids, labels
+
+
+def fitted_model(buckets: int = 20_011) -> Classifier:
+    """A tiny classifier whose branch is fitted on toy reviews: most of its slots stay empty, as in a real run."""
+    model = Classifier(vocab_size=VOCAB, num_classes=2, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=64,
+                       dropout=0.0, ngram_orders=3, ngram_buckets=buckets, ngram_skip_bigrams=True, ngram_head=HEAD,
+                       ngram_tail=TAIL).eval()
+    fit_ngram_bag(model.ngram, *toy_reviews(150), c=1.0)
+    with torch.no_grad():
+        model.mix.copy_(torch.tensor([[0.7, 0.1], [1.3, -0.2]]))
+    return model
+
+
+def test_a_fitted_branch_is_stored_as_its_live_rows_and_loads_back_bit_for_bit(tmp_path):
+    model = fitted_model()
+    weight = model.ngram.weight
+    live = int((weight != 0).any(dim=1).sum())
+    assert 0 < live < len(weight) // 4 and torch.equal(weight[:, 0], -weight[:, 1])
+    files.save_tensors(tmp_path / "w.safetensors", files.model_state(model))
+    raw = load_file(str(tmp_path / "w.safetensors"))
+    # One bit per slot and one float16 per live slot (two classes: one column, the other is its negative; the fit
+    # rounds the branch to float16 precision).
+    assert "ngram.weight" not in raw and raw["ngram.weight.values"].shape == (live,)
+    assert raw["ngram.weight.values"].dtype == torch.float16
+    assert raw["ngram.weight.rows"].shape == ((len(weight) + 7) // 8,)
+    again = Classifier(ClassifierConfig.from_dict(model.config.to_dict())).eval()
+    files.load_model_weights(again, tmp_path / "w.safetensors")
+    assert torch.equal(again.ngram.weight, weight)
+    reviews, _ = toy_reviews(40, seed=1)
+    tokens = pad_batch(reviews, 0)
+    assert all(torch.equal(a, b) for a, b in zip(again.branches(tokens), model.branches(tokens)))
+    assert torch.equal(again(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_packed_rows_round_trip_any_number_of_classes_and_keep_dense_matrices_dense(classes, tmp_path):
+    generator = torch.Generator().manual_seed(classes)
+    sparse = torch.zeros(1000, classes)
+    sparse[::7] = torch.randn(len(sparse[::7]), classes, generator=generator)
+    if classes == 2:  # nearly antisymmetric: one row breaks it, so both columns must be stored
+        sparse[::7, 0] = -sparse[::7, 1]
+        sparse[14, 0] += 1.0
+    dense = torch.randn(50, 8, generator=generator)
+    files.save_tensors(tmp_path / "t.safetensors", {"sparse": sparse, "dense": dense, "bias": torch.zeros(classes)})
+    raw = load_file(str(tmp_path / "t.safetensors"))
+    assert raw["sparse.values"].shape == (143, classes) and torch.equal(raw["dense"], dense)
+    assert raw["sparse.values"].dtype == torch.float32   # random values are not float16 numbers: kept as they are
+    back = files.load_tensors(tmp_path / "t.safetensors")
+    assert back.keys() == {"sparse", "dense", "bias"}
+    assert all(torch.equal(back[k], v) for k, v in [("sparse", sparse), ("dense", dense), ("bias", torch.zeros(classes))])
+
+
+def test_a_weights_file_with_the_scale_kept_apart_still_loads(tmp_path):
+    # The layout written before the scale was folded in: a dense (buckets + 1, C) weight and a (buckets + 1,) scale.
+    model = branch_model()
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(BUCKETS + 1, 2, generator=generator)
+    weight[BUCKETS] = 0
+    scale = torch.rand(BUCKETS + 1, generator=generator) + 0.5
+    state = files.model_state(model)
+    state["ngram.weight"], state["ngram.scale"] = weight, scale
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "old.safetensors"))
+    files.load_model_weights(model, tmp_path / "old.safetensors")
+    reviews = [[4, 8, 15, 16, 23, 42], [7, 7], list(range(1, 30))]
+    tokens = pad_batch(reviews, 0)
+    slots = model.ngram.slots(tokens)   # what the branch computed then: each slot's weight times its scale
+    before = F.embedding_bag(slots, weight, mode="sum", per_sample_weights=scale[slots], padding_idx=BUCKETS)
+    torch.testing.assert_close(model.branches(tokens).ngram, before + model.ngram.bias, atol=1e-5, rtol=1e-6)
+
+
+def test_resume_state_holds_the_frozen_branch_compactly_and_no_optimizer_state_for_it(tmp_path):
+    model = fitted_model().train()
+    optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.1)
+    model(pad_batch(toy_reviews(8)[0], 0)).sum().backward()
+    optimizer.step()
+    with RunFolder(tmp_path / "run", "classifier") as run:
+        run.save_last(model, optimizer, {"step": 1})
+    last = tmp_path / "run" / LAST
+    moments = files.load_tensors(last / "optimizer-000000001.safetensors")
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert sum(t.numel() for k, t in moments.items() if k.endswith(".exp_avg")) == trained
+    weights = last / "model-000000001.safetensors"
+    assert weights.stat().st_size < model.ngram.weight.nbytes / 4   # the branch's live rows, not its table
+    restored = fitted_model(buckets=20_011)
+    with torch.no_grad():
+        restored.ngram.weight.zero_()
+    files.load_model_weights(restored, weights)
+    assert torch.equal(restored.ngram.weight, model.ngram.weight)

@@ -166,8 +166,7 @@ def test_init_from_loads_exactly_the_pretrained_encoder(pretrained_run, unlabell
     encoder = [k for k in start if k.startswith(("embed.", "encoder."))]
     assert encoder and all(torch.equal(start[k], pretrained[k]) for k in encoder)
     # A fresh head, and the default n-gram branch fitted on the labelled reviews (not pretrained).
-    assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "ngram.scale",
-                                         "mix"}
+    assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "mix"}
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["init_from"] == str(pretrained_run) and config["train"]["lr"] == 3e-4
     assert config["model"]["d_model"] == 32 and config["model"]["max_len"] == 64

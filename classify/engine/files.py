@@ -4,6 +4,9 @@ Every file is written to a temporary file in the same folder and renamed into pl
 kill at any instant leaves the previous complete version. Nothing is ever unpickled:
 weights are safetensors, everything else is JSON. ``classify.engine.runfolder`` builds the
 run folder on these.
+
+Weights files store a matrix whose rows are mostly zero (the n-gram branch's hashed table) as
+the rows that are not (``pack_rows``); ``load_tensors`` gives it back as it was saved.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from ..errors import ClassifyError
 
@@ -79,21 +83,80 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 # -------------------------------------------------------------------------- tensors
+# The safetensors header's metadata key that lists the packed tensors, as JSON: {name: {"shape", "antisymmetric",
+# "dtype"}}.
+PACKED = "classify.packed_rows"
+
+
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    # safetensors refuses shared storage (tied weights) and non-contiguous views: store clones.
-    flat = {k: v.detach().contiguous().clone() for k, v in tensors.items()}
+    """Write ``tensors`` to a safetensors file, each matrix in whichever of its two forms is smaller (``pack_rows``)."""
+    flat: dict[str, torch.Tensor] = {}
+    packed: dict[str, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        parts = pack_rows(tensor.detach())
+        if parts is None:
+            # safetensors refuses shared storage (tied weights) and non-contiguous views: store clones.
+            flat[name] = tensor.detach().contiguous().clone()
+        else:
+            flat[f"{name}.rows"], flat[f"{name}.values"], packed[name] = parts
     with atomic_path(path) as tmp:
-        save_file(flat, str(tmp))
+        save_file(flat, str(tmp), metadata={PACKED: json.dumps(packed)} if packed else None)
 
 
 def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Tensor]:
+    """The tensors ``save_tensors`` wrote, packed ones unpacked (also reads files written before packing)."""
     path = Path(path)
     if not path.exists():
         raise ClassifyError(f"{what} not found: {path}")
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
+        with safe_open(str(path), framework="pt") as f:
+            packed = json.loads((f.metadata() or {}).get(PACKED, "{}"))
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        for name, layout in packed.items():
+            tensors[name] = unpack_rows(tensors.pop(f"{name}.rows"), tensors.pop(f"{name}.values"), **layout)
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
         raise ClassifyError(f"{what} file is corrupt or truncated ({path}): {err}") from None
+    return tensors
+
+
+def pack_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """A floating-point matrix (N, C) as the rows that are not all zero, or None when that is not smaller.
+
+    Returns ``rows``, a bitmap of those rows (ceil(N / 8),) uint8 (``np.packbits``: row 0 is the first byte's
+    high bit), ``values``, the rows themselves in order (K, C), and the layout ``unpack_rows`` needs. Lossless
+    but for the sign of zero: a row of zeros comes back as +0.0. Two columns that are exact negatives of each
+    other on every stored row (a two-class linear model fitted as one logit difference, split symmetrically)
+    are stored once, column 1, (K,): negation restores column 0 bit for bit. Values that are all exactly
+    float16 numbers (the n-gram branch's, which its fit rounds so) are stored as float16.
+    """
+    if matrix.dim() != 2 or not matrix.is_floating_point() or matrix.device.type != "cpu":
+        return None
+    live = (matrix != 0).any(dim=1)                                      # (N,) rows that carry weight
+    values = matrix[live]                                                # (K, C)
+    antisymmetric = matrix.shape[1] == 2 and torch.equal(values[:, 0], -values[:, 1])
+    if antisymmetric:
+        values = values[:, 1].clone()                                    # (K,); a clone: not a strided view
+    half = values.to(torch.float16)
+    if values.itemsize > half.itemsize and torch.equal(half.to(values.dtype), values):
+        values = half
+    rows = torch.from_numpy(np.packbits(live.numpy()))
+    if rows.nbytes + values.nbytes >= matrix.nbytes:
+        return None
+    dtype = str(matrix.dtype).removeprefix("torch.")
+    return rows, values, {"shape": list(matrix.shape), "antisymmetric": antisymmetric, "dtype": dtype}
+
+
+def unpack_rows(rows: torch.Tensor, values: torch.Tensor, shape: list[int], antisymmetric: bool,
+                dtype: str) -> torch.Tensor:
+    """``pack_rows`` undone: the ``dtype`` matrix ``shape`` (N, C) with ``values`` (K, C), or column 1 (K,) if
+    ``antisymmetric``, in the rows the bitmap ``rows`` marks, zeros elsewhere."""
+    live = torch.from_numpy(np.unpackbits(rows.numpy(), count=shape[0]).astype(bool))   # (N,)
+    values = values.to(getattr(torch, dtype))
+    if antisymmetric:
+        values = torch.stack([-values, values], dim=1)
+    matrix = torch.zeros(shape, dtype=values.dtype)
+    matrix[live] = values
+    return matrix
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -108,16 +171,17 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_model_weights(model: torch.nn.Module, path: str | Path, only: tuple[str, ...] | None = None,
                        what: str = "weights") -> int:
-    """Load safetensors weights into ``model``, with a clear error when they do not fit.
+    """Load safetensors weights into ``model``, with a clear error when they do not fit. A submodule with an
+    ``upgrade_state(tensors, prefix)`` method first rewrites, in place, tensors it stored in an older layout.
 
     ``only``: load just the parameters whose names start with these prefixes (e.g. a pretrained
     encoder into a classifier with a fresh head). Returns the number of tensors loaded.
     """
     tensors = load_tensors(path, what)
     model = getattr(model, "module", model)
-    upgrade = getattr(model, "upgrade_state", None)   # a model that reads files of an older layout
-    if upgrade is not None:
-        tensors = upgrade(tensors)
+    for prefix, module in model.named_modules():
+        if hasattr(module, "upgrade_state"):  # a module that reads its tensors in an older layout too
+            module.upgrade_state(tensors, f"{prefix}." if prefix else "")
     expected = model.state_dict()
     if only is not None:
         tensors = {k: v for k, v in tensors.items() if k.startswith(only)}

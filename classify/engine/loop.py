@@ -32,7 +32,7 @@ from torch import nn
 from ..text.batching import BucketBatchSampler
 from . import distributed
 from .config import runtime
-from .device import autocast, grad_scaler, pin_memory, to_device
+from .device import autocast, grad_scaler, pin_memory, to_device, trim_heap_periodically
 from .optim import budgeted_lr_multiplier, build_optimizer, optimizer_step, set_lr
 from .progress import TrainingProgress
 from .runfolder import LAST, RunFolder
@@ -103,6 +103,7 @@ def run_trainer(kind: str, config, args: argparse.Namespace,
     group (a no-op without torchrun), hold the ``kind`` run folder ``args.output``, seed each rank (other
     dropout masks per rank; DDP gives all of them rank 0's weights) and log on rank 0 alone."""
     device, dtype = runtime(config)
+    trim_heap_periodically()
     with distributed.process_group(device, args.dist_timeout), RunFolder(args.output, kind) as run:
         set_seed(config.seed + distributed.rank())
         console = Console(stderr=True, quiet=args.quiet or not distributed.is_main())

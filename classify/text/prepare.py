@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 from .data import normalize
-from .tokenize import truncate
+from .tokenize import ENCODE_CHUNK, truncate
 
 CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``Preprocessing.clip``)
 
@@ -63,5 +63,6 @@ class Preprocessing:
         return out
 
     def ids(self, texts: list[str]) -> list[list[int]]:
-        """Raw texts -> only the token ids (training and evaluation sets)."""
-        return [p.ids for p in self(texts)]
+        """Raw texts -> only the token ids (training and evaluation sets), ``ENCODE_CHUNK`` texts at a time: the
+        tokenizer's Encodings of a whole split at once would cost gigabytes (``text.tokenize.ENCODE_CHUNK``)."""
+        return [p.ids for start in range(0, len(texts), ENCODE_CHUNK) for p in self(texts[start: start + ENCODE_CHUNK])]
