@@ -270,6 +270,13 @@ def accuracy(logits: np.ndarray, labels: list[int]) -> float:
     return float((logits.argmax(-1) == np.asarray(labels)).mean())
 
 
+def score_name(key: str) -> str:
+    """A validation score's name in test_metrics.json: "val_accuracy" -> "transformer", "val_short_accuracy" ->
+    "transformer_short", "val_mixed_short_accuracy" -> "mixed_short"."""
+    parts = [p for p in key.removeprefix("val_").removesuffix("accuracy").split("_") if p]
+    return "_".join(parts if parts and parts[0] != "short" else ["transformer", *parts])
+
+
 # ------------------------------------------------------------------------ the stages
 def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device, dtype, batch_size: int,
                console: Console) -> dict | None:
@@ -282,8 +289,7 @@ def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device
     if validation.ids:
         logits = transformer_logits(model, validation.ids, device, dtype, batch_size * 2, shard=False)  # rank 0 alone
         scores, mix = validation.scores(logits)
-        record["val_accuracy"] = {k.removeprefix("val_").removesuffix("_accuracy") or "transformer": v
-                                  for k, v in scores.items()}
+        record["val_accuracy"] = {score_name(k): v for k, v in scores.items()}
     else:  # nothing to choose on: the two at equal weight
         mix = np.array([[1.0, 0.0], [1.0, 0.0]])
     model.mix.copy_(torch.as_tensor(mix, dtype=model.mix.dtype))

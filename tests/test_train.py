@@ -274,6 +274,8 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
     # The mix and its validation scores come from the held-out logits, not from the branch that saw the reviews.
     mix = json.loads((out / "test_metrics.json").read_text())
     assert mix["val_accuracy"]["ngram"] == float((held_out.argmax(1) == np.asarray(val.labels)).mean())
+    assert set(mix["val_accuracy"]) == {"transformer", "transformer_short", "ngram", "ngram_short", "mixed",
+                                        "mixed_short"}
 
     plain = tmp_path / "plain"
     assert main(["--data", str(parquet_data), "--output", str(plain), "--max-steps", "2", "--no-test",
