@@ -231,14 +231,14 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     from classify.inference import classify_texts, load_run
 
     device, dtype = runtime(argparse.Namespace(device="cpu", precision=precision, threads=threads))
-    run = load_run(model, device)
+    run = load_run(model, device, dtype)   # the server's precision, as its worker runs it
     starts = np.cumsum([0, *sizes])
 
     def once() -> float:
         begin = time.perf_counter()
         for first, size in zip(starts, sizes):
             batch = [reviews[(first + k) % len(reviews)] for k in range(size)]
-            classify_texts(run, batch, device, dtype, limits["max_batch"], max_tokens=limits["max_batch_tokens"])
+            classify_texts(run, batch, limits["max_batch"], max_tokens=limits["max_batch_tokens"])
         return time.perf_counter() - begin
 
     with torch.inference_mode():
