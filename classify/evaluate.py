@@ -32,13 +32,12 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
-from .backends import batched_logits
+from .backends import TorchBackend, batched_branches, batched_logits
 from .engine.config import HelpFormatter, InferenceConfig, add_flags
 from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
 from .errors import ClassifyError, run_cli
-from .backends import TorchBackend, batched_branches, batched_logits
 from .behaviour import build_suite, score, suite_texts, summary
 from .inference import LoadedRun, open_run, softmax
 from .mix import mixed_logits

@@ -19,7 +19,7 @@ from classify.engine.files import load_tensors, read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION, RunFolder
 from classify.errors import ClassifyError, run_cli
 from classify.inference import load_run
-from classify.models import Classifier, ClassifierConfig, ngram_branch
+from classify.models import Classifier, ngram_branch
 from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
 from classify.text.data import training_split
