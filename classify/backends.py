@@ -20,6 +20,7 @@ from .engine.device import autocast, to_device
 from .errors import ClassifyError
 from .models import BranchLogits, Classifier
 from .text.batching import BucketBatchSampler, pad_batch
+from .text.prepare import TokenIds
 
 class Backend(Protocol):
     """What the inference path needs from a runtime."""
@@ -91,7 +92,7 @@ class OnnxBackend:
         return self.session.run(None, {"tokens": tokens})[0]
 
 
-def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[list[int]], pad_id: int,
+def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[TokenIds], pad_id: int,
             batch_size: int = 64, max_tokens: int | None = None,
             progress: Callable[[int], None] | None = None) -> list[np.ndarray | None]:
     """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) arrays or None) over token id lists in
@@ -100,7 +101,7 @@ def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: l
     ``max_tokens``: cut batches by padded tokens instead of by ``batch_size`` (the server: reviews of very
     different lengths batch well). ``progress``: called with the number of texts done."""
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
-    ids = [x if x else [pad_id] for x in ids]
+    ids = [x if len(x) else [pad_id] for x in ids]
     sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     outputs: list[np.ndarray | None] = []
     done = 0
@@ -117,7 +118,7 @@ def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: l
     return outputs
 
 
-def batched_logits(backend: Backend, ids: list[list[int]], batch_size: int = 64, max_tokens: int | None = None,
+def batched_logits(backend: Backend, ids: list[TokenIds], batch_size: int = 64, max_tokens: int | None = None,
                    progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Token id lists -> logits (N, C) float32 in input order, on ``backend`` (see ``batched``)."""
     if not ids:
@@ -125,7 +126,7 @@ def batched_logits(backend: Backend, ids: list[list[int]], batch_size: int = 64,
     return batched(lambda t: (backend.logits(t),), ids, backend.pad_id, batch_size, max_tokens, progress)[0]
 
 
-def batched_branches(backend: TorchBackend, ids: list[list[int]], batch_size: int = 64,
+def batched_branches(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64,
                      progress: Callable[[int], None] | None = None) -> BranchLogits:
     """Token id lists -> each branch's logits before the mix, in input order: (N, C), (N, C) or None without an
     n-gram branch, lengths (N,)."""

@@ -172,13 +172,21 @@ class Classifier(nn.Module):
             self.ngram.requires_grad_(False)
         self.register_buffer("mix", torch.tensor([[1.0, 0.0], [0.0, 0.0]]) if self.ngram is not None else None)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes): what ships."""
+    def forward(self, tokens: Tensor, ngram: bool = True) -> Tensor:
+        """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes): what ships.
+        ``ngram=False``: the transformer branch's alone, as ``classify.train`` trains it (the branch is frozen and
+        weighted 0 until the mix is chosen: computing it would cost 6% of a step for nothing)."""
+        if not ngram:
+            return self.transformer(tokens)
         return self.mixed(self.branches(tokens))
+
+    def transformer(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> the transformer branch's logits (B, C): encoder, pooling over real tokens, head."""
+        return self.head(self.pool(self.encode(tokens), tokens))
 
     def branches(self, tokens: Tensor) -> BranchLogits:
         """tokens (B, T) -> each branch's logits before the mix (see ``BranchLogits``)."""
-        logits = self.head(self.pool(self.encode(tokens), tokens))
+        logits = self.transformer(tokens)
         ngram = self.ngram(tokens).to(logits.dtype) if self.ngram is not None else None
         return BranchLogits(logits, ngram, (tokens != self.config.pad_id).sum(dim=1))
 

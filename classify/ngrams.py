@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from .text.batching import pad_batch
+from .text.prepare import TokenIds
 
 # The n-gram's ids are digits in base (vocab_size + 1); three of them must fit an int64.
 MAX_VOCAB = 2_097_150
@@ -238,7 +239,7 @@ class NgramBag(nn.Module):
         return (self.weight[slots] * real).sum(dim=1) + self.bias
 
 
-def feature_matrix(bag: NgramBag, ids: list[list[int]], batch_size: int = 256):
+def feature_matrix(bag: NgramBag, ids: list[TokenIds], batch_size: int = 256):
     """Binary n-gram features of pre-tokenized reviews: a SciPy CSR matrix (N, buckets) of float32 ones over
     int32 slots, sorted in each row, built by the same ``ngram_ids`` the model runs, a batch at a time."""
     import scipy.sparse as sp
@@ -253,23 +254,28 @@ def feature_matrix(bag: NgramBag, ids: list[list[int]], batch_size: int = 256):
     return sp.csr_matrix((np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(ids), bag.buckets))
 
 
-def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0) -> np.ndarray:
-    """log(p / q) per feature, p and q the smoothed, normalised feature counts of class 1 and class 0."""
-    p = alpha + np.asarray(features[labels == 1].sum(axis=0)).ravel()
-    q = alpha + np.asarray(features[labels == 0].sum(axis=0)).ravel()
+def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0,
+                       weights: np.ndarray | None = None) -> np.ndarray:
+    """log(p / q) per feature, p and q the smoothed, normalised feature counts of class 1 and class 0 (each
+    review counted ``weights[i]`` times when given)."""
+    w = np.ones(len(labels)) if weights is None else np.asarray(weights, dtype=np.float64)
+    p = alpha + features.T @ (w * (labels == 1))
+    q = alpha + features.T @ (w * (labels == 0))
     return np.log((p / p.sum()) / (q / q.sum()))
 
 
 @torch.no_grad()
-def fit_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int], c: float) -> None:
+def fit_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], c: float,
+                  weights: np.ndarray | None = None) -> None:
     """Fit the bag on pre-tokenized training reviews: naive-Bayes scales (two classes; 1 otherwise) and
-    an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features."""
-    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c)
+    an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features; ``weights``
+    (N,): how much each review counts (1 by default)."""
+    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights)
 
 
 @torch.no_grad()
-def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float) -> None:
-    """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets) and labels (N,).
+def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None) -> None:
+    """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None.
 
     The solver sees only the K columns some review has (6.3M of IMDB's 16.8M slots): liblinear copies the matrix
     and keeps several vectors as long as its columns, and a column no review has gets no weight anyway (its
@@ -283,9 +289,10 @@ def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float) -> None:
     seen, columns = _columns_in_use(features.indices, bag.buckets)                     # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value
     # of the scaled matrix is its column's ratio.
-    scale = naive_bayes_ratios(features, y)[seen] if binary else np.ones(len(seen))  # (K,)
+    scale = naive_bayes_ratios(features, y, weights=weights)[seen] if binary else np.ones(len(seen))  # (K,)
     solver = LogisticRegression(C=c, solver="liblinear" if binary else "lbfgs", max_iter=1000)
-    solver.fit(sp.csr_matrix((scale[columns], columns, features.indptr), shape=(features.shape[0], len(seen))), y)
+    solver.fit(sp.csr_matrix((scale[columns], columns, features.indptr), shape=(features.shape[0], len(seen))), y,
+               sample_weight=weights)
     coef = torch.as_tensor(solver.coef_, dtype=torch.float32)            # (1, K) or (C, K)
     bias = torch.as_tensor(solver.intercept_, dtype=torch.float32)
     if binary:  # one logit difference -> two logits, symmetric around zero (same softmax)
@@ -309,26 +316,28 @@ def _columns_in_use(indices: np.ndarray, buckets: int) -> tuple[np.ndarray, np.n
 
 
 @torch.no_grad()
-def bag_logits(bag: NgramBag, ids: list[list[int]], batch_size: int = 512) -> Tensor:
+def bag_logits(bag: NgramBag, ids: list[TokenIds], batch_size: int = 512) -> Tensor:
     """Logits (N, C) of the bag alone for pre-tokenized reviews."""
     return torch.cat([bag(pad_batch(ids[s : s + batch_size], bag.pad_id)) for s in range(0, len(ids), batch_size)])
 
 
-def self_train_ngram_bag(bag: NgramBag, ids: list[list[int]], labels: list[int], unlabelled: list[list[int]],
-                         c: float, refit: bool = True) -> np.ndarray:
-    """Fit the bag on labelled reviews, label ``unlabelled`` with that fit (its most likely class), and, with
-    ``refit``, fit again on all of them (self-training). Naive-Bayes scales are recomputed from both.
+def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], unlabelled: list[TokenIds],
+                         c: float, refit: bool = True, weights: np.ndarray | None = None) -> np.ndarray:
+    """Fit the bag on labelled reviews (each counting ``weights[i]``, (N,), when given), label ``unlabelled``
+    with that fit (its most likely class), and, with ``refit``, fit again on all of them (self-training; an
+    unlabelled review counts 1). Naive-Bayes scales are recomputed from both.
 
     Returns the first fit's class probabilities for the unlabelled reviews, (N, C) float32."""
     import scipy.sparse as sp
 
     features, y = feature_matrix(bag, ids), np.asarray(labels)
-    _fit_features(bag, features, y, c)
+    _fit_features(bag, features, y, c, weights)
     if not unlabelled:
         return np.zeros((0, bag.weight.shape[1]), dtype=np.float32)
     probs = torch.softmax(bag_logits(bag, unlabelled).double(), dim=1).float().numpy()
     if refit:
         # The labelled reviews' features are built once and reused for the second fit.
         _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
-                      np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c)
+                      np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c,
+                      None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]))
     return probs

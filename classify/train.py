@@ -43,7 +43,8 @@ from .text.batching import Collate
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
-from .text.prepare import Preprocessing
+from .text.edits import Lexicon, contrast_joins, negation_pairs
+from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import SENTENCE_ENDS, closing_sentences
 
@@ -101,12 +102,26 @@ class TrainConfig(ReviewRunConfig):
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
                                                "pairs whose original is a validation review are left out")
+    negation_edits: bool = setting(True, "also train both branches on negation edits of training sentences, each "
+                                         "beside its sentence under the opposite label (\"The plot was thin.\" / "
+                                         "\"The plot was not thin.\"), and validate on those of the validation "
+                                         "reviews (text.edits)")
+    contrast_joins: bool = setting(True, "also train the transformer on contrast joins of training sentences: a "
+                                         "positive and a negative sentence joined by \", but\", both ways round, "
+                                         "labelled by the second; and validate on those of the validation reviews "
+                                         "(text.edits). The n-gram branch, which cannot read the order, is not "
+                                         "fitted on them")
+    negation_edit_weight: float = setting(0.1, "how much each negation edit and its sentence count in the n-gram "
+                                               "branch's fit (a review counts 1): on IMDB validation, at 1 the branch "
+                                               "lost 1.0 point on whole reviews, at 0.1 it gained 0.7 and still "
+                                               "read most edits (experiments/RESULTS.md)", check=positive)
     counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
                                             "n-gram branch is fitted on them once)", check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "pseudo_labels", "soft_labels", "ngram_refit",
-                                           "short_texts", "counterfactual", "counterfactual_repeat")
+                                           "short_texts", "negation_edits", "negation_edit_weight", "contrast_joins",
+                                           "counterfactual", "counterfactual_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -131,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "counterfactual", "counterfactual_repeat", "short_texts"],
+                               "counterfactual", "counterfactual_repeat", "short_texts", "negation_edits",
+                               "negation_edit_weight", "contrast_joins"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -161,42 +177,57 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
 # ------------------------------------------------------------------------- the task
 @dataclass
 class Validation:
-    """What the checkpoint and the mix are chosen on: the validation reviews, then (with --short-texts) their closing
-    sentences; and, for a model with an n-gram branch, that branch's logits for all of them from its fit on the
-    training part alone (saved in the run folder at stage 1, so they stay held out when the kept branch is fitted
-    again on all labelled reviews)."""
+    """What the checkpoint and the mix are chosen on, in groups (``GROUPS``): the validation reviews; with
+    --short-texts, their closing sentences; with --negation-edits and --contrast-joins, the rule-made texts cut
+    from them (``text.edits``). For a model
+    with an n-gram branch, also that branch's logits for all of them from its fit on the training part alone
+    (saved in the run folder at stage 1, so they stay held out when the kept branch is fitted again on all labelled
+    reviews)."""
 
-    ids: list[list[int]]
+    # The infix of each group's score (val_short_accuracy): whole reviews, closing sentences, negation edits and
+    # their sentences, contrast joins.
+    GROUPS: ClassVar[tuple[str, ...]] = ("", "short", "edit", "join")
+
+    ids: list[TokenIds]
     labels: list[int]
-    short: np.ndarray                 # (N,) bool: a closing sentence, not a whole review
+    group: np.ndarray                 # (N,) index into GROUPS
     ngram: np.ndarray | None = None   # (N, C) held-out n-gram logits
 
     @classmethod
-    def build(cls, ids: list[list[int]], labels: list[int], ends: set[int] | None) -> "Validation":
-        """Whole reviews, then their closing sentences when ``ends`` (the sentence-end token ids) is given."""
+    def build(cls, ids: list[TokenIds], labels: list[int], ends: set[int] | None,
+              rule_made: dict[str, tuple[list[TokenIds], list[int]]] | None = None) -> "Validation":
+        """Whole reviews, then their closing sentences when ``ends`` (the sentence-end token ids) is given, then
+        ``rule_made`` texts by group name ("edit", "join"): (ids, labels)."""
         shorts = closing_sentences(ids, ends) if ends is not None else []
-        return cls(ids + shorts, labels + labels[: len(shorts)],
-                   np.array([False] * len(ids) + [True] * len(shorts), dtype=bool))
+        ids, labels, group = ids + shorts, labels + labels[: len(shorts)], [0] * len(ids) + [1] * len(shorts)
+        for name, (more_ids, more_labels) in (rule_made or {}).items():
+            ids, labels, group = ids + more_ids, labels + more_labels, group + [cls.GROUPS.index(name)] * len(more_ids)
+        return cls(ids, labels, np.array(group, dtype=np.int64))
+
+    @property
+    def short(self) -> np.ndarray:
+        """(N,) bool: a short text (a closing sentence or an edit), not a whole review."""
+        return self.group > 0
 
     def lengths(self) -> np.ndarray:
         return np.array([max(1, len(x)) for x in self.ids])
 
     def scores(self, transformer: np.ndarray) -> tuple[dict[str, float], np.ndarray | None]:
-        """Accuracies of the transformer alone and, with held-out n-gram logits, of the mix fitted on this
-        validation set (whole reviews and short texts apart), and the mix (2, 2) or None."""
+        """Accuracies per group of the transformer alone and, with held-out n-gram logits, of the branch and of
+        the mix fitted on this validation set, and the mix (2, 2) or None."""
         y = np.asarray(self.labels)
-        whole, short = ~self.short, self.short
-
-        def acc(logits: np.ndarray, rows: np.ndarray) -> float | None:
-            return float((logits[rows].argmax(1) == y[rows]).mean()) if rows.any() else None
-
-        out = {"val_accuracy": acc(transformer, whole), "val_short_accuracy": acc(transformer, short)}
-        if self.ngram is None:
-            return out, None
-        mix = fit_mix(transformer, self.ngram, self.lengths(), y)
-        mixed = mixed_logits(mix, transformer, self.ngram, self.lengths())
-        out.update({"val_ngram_accuracy": acc(self.ngram, whole), "val_ngram_short_accuracy": acc(self.ngram, short),
-                    "val_mixed_accuracy": acc(mixed, whole), "val_mixed_short_accuracy": acc(mixed, short)})
+        systems = {"": transformer}
+        mix = None
+        if self.ngram is not None:
+            mix = fit_mix(transformer, self.ngram, self.lengths(), y)
+            systems.update(ngram=self.ngram, mixed=mixed_logits(mix, transformer, self.ngram, self.lengths()))
+        out = {}
+        for system, logits in systems.items():
+            for g, group in enumerate(self.GROUPS):
+                rows = self.group == g
+                if rows.any() or g == 0:
+                    name = "_".join(p for p in ("val", system, group, "accuracy") if p)
+                    out[name] = float((logits[rows].argmax(1) == y[rows]).mean()) if rows.any() else None
         return out, mix
 
 
@@ -204,7 +235,7 @@ class ClassificationTask(Task):
     """Reviews -> labels by cross-entropy; what ships (the mix, with an n-gram branch), on whole reviews and short
     texts alike, picks the best weights."""
 
-    def __init__(self, model: Classifier, train_ids: list[list[int]], train_labels: list[int] | np.ndarray,
+    def __init__(self, model: Classifier, train_ids: list[TokenIds], train_labels: list[int] | np.ndarray,
                  validation: Validation, config: TrainConfig, device: torch.device, dtype: torch.dtype | None):
         fixed = config.batching == "fixed"  # the naive pipeline: random batches padded to max_len
         self.model = model
@@ -217,7 +248,7 @@ class ClassificationTask(Task):
         self.validation, self.device, self.dtype = validation, device, dtype
 
     def loss(self, model, batch):
-        logits = model(batch["tokens"])  # (B, C)
+        logits = model(batch["tokens"], ngram=False)  # (B, C): the transformer alone until the mix is chosen
         labels = batch["labels"]  # (B,) classes, or (B, C) target distributions (soft labels)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         n = len(labels)
@@ -237,14 +268,14 @@ class ClassificationTask(Task):
         return {"val_loss": loss[0] / loss[2], **metrics}
 
     def score(self, metrics):
-        """Higher is better: what ships (the mix, with a branch), averaged over whole reviews and short texts."""
+        """Higher is better: what ships (the mix, with a branch), averaged over the validation groups."""
         prefix = "val_mixed" if self.validation.ngram is not None else "val"
-        values = [metrics[f"{prefix}_accuracy"], metrics.get(f"{prefix}_short_accuracy")]
+        values = [metrics.get("_".join(p for p in (prefix, group, "accuracy") if p)) for group in Validation.GROUPS]
         values = [v for v in values if v is not None]
         return sum(values) / len(values)
 
 
-def transformer_logits(model: Classifier, ids: list[list[int]], device, dtype, batch_size: int,
+def transformer_logits(model: Classifier, ids: list[TokenIds], device, dtype, batch_size: int,
                        shard: bool = True) -> np.ndarray:
     """The transformer branch's logits (N, C) for pre-tokenized texts. ``shard``: called on every rank, each
     scores its share and the shares are added up (a text's row is zero on the ranks that did not score it), so
@@ -274,7 +305,7 @@ def score_name(key: str) -> str:
     """A validation score's name in test_metrics.json: "val_accuracy" -> "transformer", "val_short_accuracy" ->
     "transformer_short", "val_mixed_short_accuracy" -> "mixed_short"."""
     parts = [p for p in key.removeprefix("val_").removesuffix("accuracy").split("_") if p]
-    return "_".join(parts if parts and parts[0] != "short" else ["transformer", *parts])
+    return "_".join(parts if parts and parts[0] not in Validation.GROUPS else ["transformer", *parts])
 
 
 # ------------------------------------------------------------------------ the stages
@@ -301,24 +332,24 @@ def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device
     return record
 
 
-def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig, train: tuple[list[list[int]], list[int]],
-                    val: tuple[list[list[int]], list[int]], validation: Validation, unlabelled_ids: list[list[int]],
-                    console: Console) -> np.ndarray:
-    """Stage 1 of a fresh run, before the transformer trains: fit the n-gram branch on ``train`` (ids, labels;
-    with --ngram-self-train self-trained on the unlabelled reviews) and keep its logits for ``validation``
-    (held out: the mix and the checkpoint are chosen on them); label the unlabelled reviews for --pseudo-labels
-    (kept in the run folder); with --ngram-refit, fit the branch again on ``train`` and ``val`` (the whole
-    validation reviews) together, for the model it keeps. Without a branch in the model (--ngram-orders 0), the
+def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
+                    train: tuple[list[TokenIds], list[int], np.ndarray], val: tuple[list[TokenIds], list[int]],
+                    validation: Validation, unlabelled_ids: list[TokenIds], console: Console) -> np.ndarray:
+    """Stage 1 of a fresh run, before the transformer trains: fit the n-gram branch on ``train`` (ids, labels,
+    how much each counts; with --ngram-self-train self-trained on the unlabelled reviews) and keep its logits for
+    ``validation`` (held out: the mix and the checkpoint are chosen on them); label the unlabelled reviews for
+    --pseudo-labels (kept in the run folder); with --ngram-refit, fit the branch again on ``train`` and ``val`` (the
+    whole validation reviews) together, for the model it keeps. Without a branch in the model (--ngram-orders 0), the
     recipe's branch is fitted as a teacher only, then dropped. Returns the teacher's class probabilities for the
     unlabelled reviews, (N, C); N = 0 without pseudo-labels."""
-    (train_ids, train_labels), (val_ids, val_labels) = train, val
+    (train_ids, train_labels, weights), (val_ids, val_labels) = train, val
     given = np.zeros((0, model.config.num_classes), dtype=np.float32)
     if model.ngram is None and not (config.pseudo_labels and unlabelled_ids):
         return given
     t = time.monotonic()
     bag = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
     self_train = model.ngram is not None and config.ngram_self_train
-    given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, refit=self_train)
+    given = self_train_ngram_bag(bag, train_ids, train_labels, unlabelled_ids, config.ngram_c, self_train, weights)
     what = ("n-gram branch" + (f" self-trained on {len(given)} unlabelled reviews" if self_train else "")
             if model.ngram is not None else "n-gram teacher")
     console.log(f"{what} ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots) fitted on {len(train_ids)} reviews in "
@@ -330,7 +361,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig, trai
         if config.ngram_refit:
             t = time.monotonic()
             self_train_ngram_bag(bag, train_ids + val_ids, train_labels + val_labels,
-                                 unlabelled_ids if self_train else [], config.ngram_c, refit=self_train)
+                                 unlabelled_ids if self_train else [], config.ngram_c, self_train,
+                                 np.concatenate([weights, np.ones(len(val_ids))]))
             console.log(f"n-gram branch fitted again on all {len(train_ids) + len(val_ids)} labelled reviews in "
                         f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits)")
     if not (config.pseudo_labels and len(given)):
@@ -362,6 +394,24 @@ def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
                     [pairs.original.labels[i] for i in keep] + [pairs.revised.labels[i] for i in keep])
 
 
+def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> tuple[dict[str, Examples],
+                                                                                   dict[str, Examples]]:
+    """--negation-edits and --contrast-joins (``text.edits``): the rule-made texts cut from the training reviews,
+    to train on, and from the validation reviews, to validate on, by group name ("edit", "join"); the lexicon that
+    picks their sentences is fitted on the training reviews alone."""
+    made: tuple[dict[str, Examples], dict[str, Examples]] = ({}, {})
+    if not (config.negation_edits or config.contrast_joins) or set(train.labels) - {0, 1}:
+        return made
+    texts = {"train": [normalize(t) for t in train.texts], "val": [normalize(t) for t in val.texts]}
+    lexicon = Lexicon.fit(texts["train"], train.labels)
+    for out, split, labels in ((made[0], "train", train.labels), (made[1], "val", val.labels)):
+        if config.negation_edits:
+            out["edit"] = Examples(*negation_pairs(texts[split], labels, lexicon, seed=config.seed))
+        if config.contrast_joins:
+            out["join"] = Examples(*contrast_joins(texts[split], labels, lexicon, seed=config.seed))
+    return made
+
+
 # ---------------------------------------------------------------------- the command
 def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[int] | np.ndarray:
     """The targets of the labelled reviews, then of the pseudo-labelled ones (``given``: the teacher's
@@ -372,8 +422,8 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
     return np.concatenate([np.eye(given.shape[1], dtype=np.float32)[labels], given.astype(np.float32)])
 
 
-def with_closing_sentences(ids: list[list[int]], targets: list[int] | np.ndarray, rows: list[int],
-                           ends: set[int]) -> tuple[list[list[int]], list[int] | np.ndarray]:
+def with_closing_sentences(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
+                           ends: set[int]) -> tuple[list[TokenIds], list[int] | np.ndarray]:
     """The training examples plus the closing sentence of each of ``rows``, with that review's target."""
     shorts = closing_sentences([ids[i] for i in rows], ends)
     if isinstance(targets, np.ndarray):
@@ -409,6 +459,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
                     f"most 2,500; --val-size sets another number)")
     counterfactual = counterfactual_examples(config, val_set)
+    made, val_made = rule_made_examples(config, train_set, val_set)
+    edits, joins = made.get("edit", Examples([], [])), made.get("join", Examples([], []))
     resuming = run.open(config, model_config, args.overwrite, args.resume)
 
     def make_tokenizer():
@@ -423,11 +475,17 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
     encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids
     train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
+    edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
-    validation = Validation.build(val_ids, val_set.labels, ends)
+    validation = Validation.build(val_ids, val_set.labels, ends,
+                                  {name: (encode(texts.texts), texts.labels) for name, texts in val_made.items()})
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}"
                 + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
-                + (f", {int(validation.short.sum())} closing sentences to validate on" if ends else "")
+                + (f", {len(edit_ids)} negation edits and their sentences" if edit_ids else "")
+                + (f", {len(join_ids)} contrast joins" if join_ids else "")
+                + "; to validate on: " + ", ".join(f"{int((validation.group == g).sum())} {what}" for g, what in
+                                                   enumerate(("reviews", "closing sentences", "negation edits and "
+                                                              "sentences", "contrast joins")))
                 + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
 
@@ -437,7 +495,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     unlabelled_ids = (encode(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
-    labelled = (train_ids + counterfactual_ids, train_set.labels + counterfactual.labels)
+    reviews = len(train_ids) + len(counterfactual_ids)
+    labelled = (train_ids + counterfactual_ids + edit_ids, train_set.labels + counterfactual.labels + edits.labels,
+                np.repeat([1.0, config.negation_edit_weight], [reviews, len(edit_ids)]))  # the n-gram branch's data
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
                  if config.pseudo_labels and unlabelled_ids else np.zeros((0, model_config.num_classes)))
@@ -451,15 +511,18 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
     # are repeated; closing sentences are cut from the labelled and pseudo-labelled reviews, not from the pairs,
     # whose two texts often end alike under opposite labels.
-    ids = train_ids + counterfactual_ids * config.counterfactual_repeat + unlabelled_ids[: len(given)]
-    targets = training_targets(train_set.labels + counterfactual.labels * config.counterfactual_repeat, given,
-                               config.soft_labels)
+    ids = (train_ids + counterfactual_ids * config.counterfactual_repeat + edit_ids + join_ids
+           + unlabelled_ids[: len(given)])
+    targets = training_targets(train_set.labels + counterfactual.labels * config.counterfactual_repeat + edits.labels
+                               + joins.labels, given, config.soft_labels)
     if ends is not None:
         reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
         ids, targets = with_closing_sentences(ids, targets, reviews, ends)
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    if counterfactual_ids else "")
+                + (f", {len(edit_ids)} negation edits and sentences" if edit_ids else "")
+                + (f", {len(join_ids)} contrast joins" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else ""))

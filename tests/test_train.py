@@ -22,8 +22,9 @@ from classify.inference import load_run
 from classify.models import Classifier, ngram_branch
 from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
-from classify.text.data import training_split
 from classify.text.counterfactual import load_pairs
+from classify.text.data import normalize, training_split
+from classify.text.edits import Lexicon, contrast_joins, negation_pairs
 from classify.text.windows import closing_sentence
 from classify.train import ClassificationTask, TrainConfig, Validation, main, training_targets
 
@@ -198,7 +199,7 @@ def test_unlabelled_reviews_labelled_by_the_ngram_model_train_the_transformer_to
                         "pure": ["--ngram-orders", "0"]}.items():  # a teacher fitted for the labels alone
         out = tmp_path / name
         assert main(["--data", str(unlabelled_data), "--output", str(out), "--epochs", "1", "--no-test", *flags,
-                     *TINY_MODEL_ARGS]) == 0
+                     "--no-negation-edits", "--no-contrast-joins", *TINY_MODEL_ARGS]) == 0
         steps[name] = json.loads((out / "last" / "state.json").read_text())["step"]
         labels = out / "pseudo_labels.json"
         assert labels.exists() == (name != "plain")
@@ -255,7 +256,8 @@ def test_soft_labelled_run_keeps_the_probabilities_and_older_label_files_still_r
 def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_first_fits_logits(parquet_data,
                                                                                                   tmp_path):
     out = tmp_path / "run"
-    assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "2", *TINY_MODEL_ARGS]) == 0
+    assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "2", "--no-negation-edits",
+                 "--no-contrast-joins", *TINY_MODEL_ARGS]) == 0
     run = load_run(out, torch.device("cpu"))
     config = run.config["train"]
     train, val = training_split(config["data"], config["val_size"], config["seed"], split=config["split"])
@@ -279,7 +281,7 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
 
     plain = tmp_path / "plain"
     assert main(["--data", str(parquet_data), "--output", str(plain), "--max-steps", "2", "--no-test",
-                 "--no-ngram-refit", *TINY_MODEL_ARGS]) == 0
+                 "--no-ngram-refit", "--no-negation-edits", "--no-contrast-joins", *TINY_MODEL_ARGS]) == 0
     # Without the refit the kept branch is the first fit: its logits are the held-out ones.
     kept = bag_logits(load_run(plain, torch.device("cpu")).model.ngram, encode(val.texts)).numpy()
     np.testing.assert_allclose(RunFolder(plain, "classifier").branch_validation(2 * len(val), 2)[: len(val)], kept,
@@ -303,8 +305,8 @@ def test_counterfactual_pairs_train_both_branches_and_validation_reads_short_tex
                                                                                     tmp_path):
     out = tmp_path / "run"
     assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
-                 "--counterfactual", str(counterfactual_data), "--counterfactual-repeat", "3",
-                 *TINY_MODEL_ARGS]) == 0
+                 "--counterfactual", str(counterfactual_data), "--counterfactual-repeat", "3", "--no-negation-edits",
+                 "--no-contrast-joins", *TINY_MODEL_ARGS]) == 0
     # The pairs trained on: outside the held-out quarter, and not those whose original is a validation review.
     train, val = training_split(str(parquet_data), 80, 0)
     pairs = load_pairs(counterfactual_data, held_out=False)
@@ -316,6 +318,36 @@ def test_counterfactual_pairs_train_both_branches_and_validation_reads_short_tex
     assert {"val_accuracy", "val_short_accuracy", "val_mixed_accuracy", "val_mixed_short_accuracy"} <= set(record)
     held_out = json.loads((out / "branch_validation.json").read_text())
     assert held_out["count"] == 80 + 80   # the n-gram branch's held-out logits: reviews and closing sentences
+
+
+def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data, tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 *TINY_MODEL_ARGS, "--val-size", "160"]) == 0
+    train, val = training_split(str(parquet_data), 160, 0)   # enough validation sentences to join a few
+    texts = {"train": [normalize(t) for t in train.texts], "val": [normalize(t) for t in val.texts]}
+    lexicon = Lexicon.fit(texts["train"], train.labels)
+    edits, val_edits = (negation_pairs(texts[s], split.labels, lexicon)[0] for s, split in (("train", train),
+                                                                                             ("val", val)))
+    joins, val_joins = (contrast_joins(texts[s], split.labels, lexicon)[0] for s, split in (("train", train),
+                                                                                             ("val", val)))
+    assert edits and val_edits and joins and val_joins   # the fixture's sentences give some of each
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(240 + len(edits) + len(joins) + 240) // 16)   # reviews, rule-made texts, closing sentences
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"val_edit_accuracy", "val_ngram_edit_accuracy", "val_mixed_edit_accuracy", "val_join_accuracy",
+            "val_mixed_join_accuracy"} <= set(record)
+    held_out = json.loads((out / "branch_validation.json").read_text())
+    assert held_out["count"] == 160 + 160 + len(val_edits) + len(val_joins)
+    assert json.loads((out / "config.json").read_text())["train"]["negation_edit_weight"] == 0.1
+    # Without the flags, none: the run is the one before rule-made texts.
+    plain = tmp_path / "plain"
+    assert main(["--data", str(parquet_data), "--output", str(plain), "--epochs", "1", "--no-test",
+                 "--no-pseudo-labels", "--no-negation-edits", "--no-contrast-joins",
+                 *TINY_MODEL_ARGS, "--val-size", "160"]) == 0
+    assert json.loads((plain / "last" / "state.json").read_text())["step"] == 30
+    assert not {"val_edit_accuracy", "val_join_accuracy"} & set(json.loads((plain / "metrics.jsonl").read_text()
+                                                                          .splitlines()[-1]))
 
 
 def test_closing_sentences_are_the_last_sentence_long_enough_and_capped():

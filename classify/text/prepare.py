@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from .data import normalize
 from .tokenize import ENCODE_CHUNK, truncate
 
+# One text's token ids: a list from the tokenizer, or the int32 array (T,) ``Preprocessing.ids`` keeps for data sets.
+TokenIds = list[int] | np.ndarray
 CHARS_PER_TOKEN = 100         # characters kept per model position before tokenizing (see ``Preprocessing.clip``)
 
 
@@ -62,7 +65,10 @@ class Preprocessing:
             out.append(Prepared(text, norm, truncate(full, self.max_len, self.truncation), notes))
         return out
 
-    def ids(self, texts: list[str]) -> list[list[int]]:
-        """Raw texts -> only the token ids (training and evaluation sets), ``ENCODE_CHUNK`` texts at a time: the
-        tokenizer's Encodings of a whole split at once would cost gigabytes (``text.tokenize.ENCODE_CHUNK``)."""
-        return [p.ids for start in range(0, len(texts), ENCODE_CHUNK) for p in self(texts[start: start + ENCODE_CHUNK])]
+    def ids(self, texts: list[str]) -> list[TokenIds]:
+        """Raw texts -> only the token ids (training and evaluation sets), one int32 array (T,) per text,
+        ``ENCODE_CHUNK`` texts at a time: the tokenizer's Encodings of a whole split at once would cost gigabytes
+        (``text.tokenize.ENCODE_CHUNK``), and a Python list holds each id as an object of its own, 36 bytes to the
+        array's 4 (IMDB's 72,500 training reviews, pseudo-labelled ones included: about 0.8 GB less)."""
+        return [np.asarray(p.ids, dtype=np.int32)
+                for start in range(0, len(texts), ENCODE_CHUNK) for p in self(texts[start: start + ENCODE_CHUNK])]

@@ -9,13 +9,15 @@ of what chooses the mix and the checkpoint). Cut from the training data alone: n
 
 from __future__ import annotations
 
+from .prepare import TokenIds
+
 SENTENCE_ENDS = (".", "!", "?")
 MIN_TOKENS = 4      # a closing "Enjoy!" says little: sentences shorter than this take the one before too
 MAX_TOKENS = 48     # a run-on last sentence keeps its last tokens
 
 
-def closing_sentence(ids: list[int], ends: set[int], min_tokens: int = MIN_TOKENS,
-                     max_tokens: int = MAX_TOKENS) -> list[int]:
+def closing_sentence(ids: TokenIds, ends: set[int], min_tokens: int = MIN_TOKENS,
+                     max_tokens: int = MAX_TOKENS) -> TokenIds:
     """The review's last sentence (with its end mark), extended backwards by whole sentences to at least
     ``min_tokens`` words, then cut to its last ``max_tokens`` tokens; a review without sentence ends is its own
     last sentence."""
@@ -32,6 +34,6 @@ def closing_sentence(ids: list[int], ends: set[int], min_tokens: int = MIN_TOKEN
     return ids[max(start, len(ids) - max_tokens):]
 
 
-def closing_sentences(reviews: list[list[int]], ends: set[int]) -> list[list[int]]:
+def closing_sentences(reviews: list[TokenIds], ends: set[int]) -> list[TokenIds]:
     """``closing_sentence`` of each review (token id lists), in order."""
     return [closing_sentence(ids, ends) for ids in reviews]

@@ -1,0 +1,225 @@
+"""Rule-made training texts from real review sentences: negation edits and contrast joins.
+
+IMDB's reviews rarely hold a sentence beside its negation under opposite labels, so a model trained on them learns
+"not" as a word of negative reviews, not as an operator: "It was not boring at all." comes out negative. Nor do
+they teach that after "but" the second clause has the say. The counterfactual pairs (``text.counterfactual``) are
+the human-made cure, but there are only ~1,100 of them. This module makes many more, mechanically, from the
+training reviews' own sentences, each beside a text of the same words under the other label:
+
+- ``negate(sentence)`` toggles the negation of a sentence's first verb phrase: "not" goes in after the first
+  copula or modal ("The plot was thin." -> "The plot was not thin."), and a negated one loses its negation
+  ("I couldn't stop laughing." -> "I could stop laughing.").
+- ``negation_pairs`` keeps the sentences whose label is known with some confidence: the review's label for an
+  un-negated sentence whose words a bag-of-words lexicon (``Lexicon``, log-count ratios fitted on the training
+  reviews) also reads that way, and the opposite label for its edit. For a negated sentence the lexicon reads the
+  edit, which has lost the negation, and the review's label goes to the sentence itself.
+- ``contrast_joins`` joins a positive and a negative sentence from two reviews with ", but", both ways round:
+  "The cast is superb, but the script is a mess." is negative and "The script is a mess, but the cast is superb."
+  positive (the rule of Hu et al. 2016, "Harnessing Deep Neural Networks with Logic Rules": in "A but B", B
+  decides). Same words, opposite labels: only reading the order tells them apart.
+
+The rules are linguistic ones, applied to the training data only: no sentence, word list or template of the
+behavioural suite (``classify.behaviour``) or of any test set goes in.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Copulas and modals take "not" after them ("was not", "will not"); "do"-forms are left out, since "did" is as
+# often a main verb ("did a fine job") as an auxiliary.
+TAKES_NOT = frozenset("is was are were am will would can could should must might may".split())
+# Pronouns whose "'s" is "is" ("it's great" -> "it's not great"), not a possessive.
+IS_CONTRACTED = frozenset("it that this there he she what here".split())
+# Negated forms and what they become without the negation.
+UNNEGATED = {"isn't": "is", "wasn't": "was", "aren't": "are", "weren't": "were", "won't": "will",
+             "wouldn't": "would", "can't": "can", "cannot": "can", "couldn't": "could", "shouldn't": "should",
+             "mustn't": "must", "didn't": "did", "doesn't": "does", "don't": "do", "hasn't": "has", "haven't": "have",
+             "hadn't": "had"}
+NEGATION_WORDS = frozenset({"not", "no", "never", "nothing", "nobody", "none", "nor", "neither", "without", "hardly",
+                            "barely", *UNNEGATED})
+
+_SENTENCE = re.compile(r"[^.!?]+[.!?]+")
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+MIN_WORDS, MAX_WORDS = 4, 20
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a normalised review (``text.data.normalize``) that end with a mark, stripped."""
+    return [s.strip() for s in _SENTENCE.findall(text)]
+
+
+# A sentence that opens with a conjunction leans on the one before; one that ends with a title was cut at its dot.
+_OPENS_MID_THOUGHT = frozenset("but and or so because yet however although though while which".split())
+_TITLE_AT_END = re.compile(r"\b(?:mr|mrs|ms|dr|st|vs|jr|sr|no|vol|ch)\.$", re.IGNORECASE)
+
+
+def whole(sentence: str) -> bool:
+    """Whether a sentence stands on its own: it opens with a capital letter and not with a conjunction, and was
+    not cut at a title's dot ("Mr.")."""
+    first = words(sentence[:40])
+    return (sentence[:1].isupper() and bool(first) and first[0] not in _OPENS_MID_THOUGHT
+            and not _TITLE_AT_END.search(sentence))
+
+
+def words(sentence: str) -> list[str]:
+    """Lower-cased words, contractions kept whole ("didn't")."""
+    return _WORD.findall(sentence.lower().replace("\u2019", "'"))
+
+
+def _bare(token: str) -> str:
+    return token.lower().strip("\"'()[],;:.!?").replace("\u2019", "'")
+
+
+CLAUSE_WORDS = frozenset("but however although though while whereas yet".split())
+
+
+@dataclass
+class Edit:
+    """A sentence with its negation toggled: ``text``; ``plain`` is whichever of the two has no negation, and
+    ``scope`` the words the negation covers (from the verb to the clause's end), as they read in ``plain``."""
+
+    text: str
+    plain: str
+    scope: list[str]
+
+
+def _scope(tokens: list[str], start: int) -> list[str]:
+    """Bare words from ``tokens[start]`` to the end of its clause: a mark that ends a clause, or a contrasting
+    word."""
+    out = []
+    for token in tokens[start:]:
+        word = _bare(token)
+        if word in CLAUSE_WORDS:
+            break
+        if word:
+            out.append(word)
+        if token[-1] in ",;:.!?)":
+            break
+    return out
+
+
+def negate(sentence: str) -> Edit | None:
+    """The sentence with the negation of its first negated or negatable verb toggled, or None when it has neither.
+
+    "The film is a mess." -> "The film is not a mess."; "It's fun." -> "It's not fun."; "It wasn't funny." ->
+    "It was funny."; "It was not funny." -> "It was funny."; "I never laughed." (no verb the rule can read) -> None.
+    """
+    tokens = sentence.split(" ")
+    for i, token in enumerate(tokens):
+        word = _bare(token)
+        if word in UNNEGATED:  # "wasn't" -> "was", keeping the case and the punctuation around it
+            core = re.search(r"[A-Za-z]+['\u2019]?[A-Za-z]*", token)
+            plain = UNNEGATED[word]
+            plain = plain.capitalize() if core.group()[0].isupper() else plain
+            edited = [*tokens[:i], token[:core.start()] + plain + token[core.end():], *tokens[i + 1:]]
+            text = " ".join(edited)
+            return Edit(text, text, _scope(edited, i + 1))
+        following = _bare(tokens[i + 1]) if i + 1 < len(tokens) else ""
+        if word in TAKES_NOT or (word.endswith("'s") and word[:-2] in IS_CONTRACTED):
+            if following == "not":  # "was not" -> "was"
+                edited = [*tokens[: i + 1], *tokens[i + 2:]]
+                text = " ".join(edited)
+                return Edit(text, text, _scope(edited, i + 1))
+            if following in NEGATION_WORDS or not following.isalpha() or token[-1] in ",;:.!?":
+                return None  # "was never ...", "is, " : nothing the rule can toggle
+            return Edit(" ".join([*tokens[: i + 1], "not", *tokens[i + 1:]]), sentence, _scope(tokens, i + 1))
+        if word in NEGATION_WORDS:  # "never", "no one": a negation the rule cannot undo
+            return None
+    return None
+
+
+def negated(sentence: str) -> bool:
+    """Whether the sentence holds a negation word."""
+    return any(w in NEGATION_WORDS for w in words(sentence))
+
+
+@dataclass
+class Lexicon:
+    """Per-word log-count ratios of a two-class corpus (Wang and Manning's NBSVM features): log of how much more
+    often a word occurs in the second class's documents than in the first's, with add-``alpha`` smoothing."""
+
+    ratio: dict[str, float]
+
+    @classmethod
+    def fit(cls, texts: Iterable[str], labels: Iterable[int], alpha: float = 1.0, min_count: int = 5) -> "Lexicon":
+        counts = (Counter(), Counter())
+        docs = [0, 0]
+        for text, label in zip(texts, labels):
+            counts[label].update(set(words(text)))
+            docs[label] += 1
+        vocab = [w for w in counts[0].keys() | counts[1].keys() if counts[0][w] + counts[1][w] >= min_count]
+        return cls({w: float(np.log((counts[1][w] + alpha) / (docs[1] + alpha))
+                             - np.log((counts[0][w] + alpha) / (docs[0] + alpha))) for w in vocab})
+
+    def score(self, sentence: str) -> float:
+        """Summed ratios of the sentence's distinct words, negation words left out: > 0 reads as the second
+        class."""
+        return sum(self.ratio.get(w, 0.0) for w in set(words(sentence)) if w not in NEGATION_WORDS)
+
+
+def polar_sentences(text: str, label: int, lexicon: Lexicon, margin: float) -> list[str]:
+    """The sentences of a review (normalised text, label 0/1) that say its label plainly: no question and no
+    negation, MIN_WORDS to MAX_WORDS words, read by the lexicon as the label by at least ``margin``."""
+    sign = 2 * label - 1
+    return [s for s in sentences(text) if not s.endswith("?") and MIN_WORDS <= len(words(s)) <= MAX_WORDS
+            and whole(s) and not negated(s) and sign * lexicon.score(s) >= margin]
+
+
+def contrast_joins(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon, margin: float = 2.0,
+                   seed: int = 0) -> tuple[list[str], list[int]]:
+    """"A, but b." texts pairing a positive sentence with a negative one from another review (``polar_sentences``,
+    one drawn from each review), each pair both ways round and labelled by the sentence after "but". Returns the
+    texts (a-but-b, b-but-a, ...) and their labels."""
+    rng = np.random.default_rng(seed)
+    drawn: tuple[list[str], list[str]] = ([], [])
+    for text, label in zip(texts, labels):
+        found = polar_sentences(text, label, lexicon, margin)
+        if found:
+            drawn[label].append(found[rng.integers(len(found))])
+    negative, positive = (list(rng.permutation(d)) for d in drawn)
+
+    def join(first: str, second: str) -> str:
+        return f"{first.rstrip('.!? ')}, but {second[0].lower()}{second[1:]}"
+
+    out_texts: list[str] = []
+    out_labels: list[int] = []
+    for neg, pos in zip(negative, positive):
+        out_texts += [join(pos, neg), join(neg, pos)]
+        out_labels += [0, 1]
+    return out_texts, out_labels
+
+
+def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon, margin: float = 1.0,
+                   per_review: int = 1, seed: int = 0) -> tuple[list[str], list[int]]:
+    """Up to ``per_review`` (sentence, edit) pairs from each two-class review (normalised text, label 0/1), in
+    review order. A sentence qualifies when it is no question, has MIN_WORDS to MAX_WORDS words, ``negate`` can edit it, and the
+    lexicon reads the words in the negation's scope, un-negated, as the label the un-negated side gets, by at least
+    ``margin``, while the words outside the scope lean that way or not at all (so the edit flips what carries the
+    sentence). Returns the texts (sentence, edit, sentence, edit, ...) and their labels."""
+    rng = np.random.default_rng(seed)
+    out_texts: list[str] = []
+    out_labels: list[int] = []
+    for text, label in zip(texts, labels):
+        found = []
+        for sentence in sentences(text):
+            if sentence.endswith("?") or not MIN_WORDS <= len(words(sentence)) <= MAX_WORDS or not whole(sentence):
+                continue  # a question's label is not its statement's
+            edit = negate(sentence)
+            if edit is None or negated(edit.plain):
+                continue  # a second negation would make the edit's label a guess
+            sign = 2 * (label if edit.plain == sentence else 1 - label) - 1
+            in_scope = sign * sum(lexicon.ratio.get(w, 0.0) for w in set(edit.scope))
+            rest = sign * lexicon.score(" ".join(w for w in words(edit.plain) if w not in edit.scope))
+            if in_scope >= margin and rest > -margin / 2:
+                found.append((sentence, edit.text))
+        for k in rng.permutation(len(found))[:per_review]:
+            sentence, edit = found[k]
+            out_texts += [sentence, edit]
+            out_labels += [label, 1 - label]
+    return out_texts, out_labels

@@ -1,0 +1,75 @@
+"""Rule-made texts from review sentences (classify.text.edits): negation edits, contrast joins, the lexicon."""
+
+from classify.text.edits import Lexicon, contrast_joins, negate, negated, negation_pairs, sentences, whole
+
+
+def test_negate_inserts_not_after_the_first_copula_or_modal():
+    assert negate("The plot was thin.").text == "The plot was not thin."
+    assert negate("It's a mess, but a fun one.").text == "It's not a mess, but a fun one."
+    assert negate("You will love it!").text == "You will not love it!"
+    edit = negate("The acting is wooden, however the music saves it.")
+    assert edit.plain == "The acting is wooden, however the music saves it."
+    assert edit.scope == ["wooden"]  # the clause's end closes the scope
+
+
+def test_negate_removes_a_negation_keeping_case_and_punctuation():
+    assert negate("It wasn't funny.").text == "It was funny."
+    assert negate("Don't miss it.").text == "Do miss it."
+    assert negate("It was not funny at all.").text == "It was funny at all."
+    assert negate("It was not funny at all.").plain == "It was funny at all."
+    assert negate("I \"couldn't\" stop.").text == "I \"could\" stop."
+
+
+def test_negate_leaves_what_the_rule_cannot_read():
+    assert negate("I never laughed once.") is None        # a negation with no verb to undo
+    assert negate("The film was never dull.") is None      # "was never": toggling would double it
+    assert negate("Nothing happens here.") is None
+    assert negate("Watch it tonight.") is None             # no copula or modal
+    assert negate("The ending is, frankly, silly.") is None
+
+
+def test_sentences_and_negated():
+    assert sentences("Great cast. Awful script! Why?") == ["Great cast.", "Awful script!", "Why?"]
+    assert negated("It isn't good.") and negated("Not bad.") and not negated("A good time.")
+
+
+def test_the_lexicon_reads_polar_words_and_ignores_negators():
+    texts = ["a superb film", "superb and moving", "not a dull moment", "a dull mess", "dull and not moving",
+             "a superb mess"]
+    lexicon = Lexicon.fit(texts, [1, 1, 1, 0, 0, 0], min_count=1)
+    assert lexicon.ratio["superb"] > 0 > lexicon.ratio["dull"]
+    assert lexicon.score("not superb") == lexicon.score("superb")  # "not" is no evidence either way
+
+
+def test_negation_pairs_flip_the_label_of_polar_sentences_only():
+    lexicon = Lexicon({"wonderful": 2.0, "dreadful": -2.0, "film": 0.0})
+    reviews = ["I went on a Sunday. The film was wonderful from start to end. Was it wonderful?",
+               "The film wasn't dreadful at all, I must say.",
+               "The film was dreadful in every way.",
+               "The cinema was cold and I was late today."]   # nothing polar: no pair
+    texts, labels = negation_pairs(reviews, [1, 1, 0, 0], lexicon)
+    assert texts == ["The film was wonderful from start to end.", "The film was not wonderful from start to end.",
+                     "The film wasn't dreadful at all, I must say.", "The film was dreadful at all, I must say.",
+                     "The film was dreadful in every way.", "The film was not dreadful in every way."]
+    assert labels == [1, 0, 1, 0, 0, 1]
+    # A sentence whose polar words disagree with its review's label is no evidence for it: left out.
+    assert negation_pairs(["The film was wonderful from start to end."], [0], lexicon) == ([], [])
+
+
+def test_whole_sentences_stand_on_their_own():
+    assert whole("The cast is superb.")
+    assert not whole("But the cast is superb.")          # leans on the sentence before
+    assert not whole("the cast is superb.")              # cut mid-sentence
+    assert not whole("I loved Goodnight Mr.")            # cut at a title's dot
+
+
+def test_contrast_joins_pair_opposite_sentences_both_ways_labelled_by_the_second():
+    lexicon = Lexicon({"superb": 3.0, "dreadful": -3.0})
+    reviews = ["I saw it twice. The cast is superb!", "The script is dreadful.", "The film is dreadful. Why?",
+               "But it is superb."]   # no whole polar sentence in the last: it draws nothing
+    texts, labels = contrast_joins(reviews, [1, 0, 0, 1], lexicon)
+    assert len(texts) == 2 and labels == [0, 1]   # one positive sentence drawn: one pair, both ways round
+    first, second = texts
+    assert first.startswith("The cast is superb, but the ") and first.endswith(" is dreadful.")
+    assert second.startswith("The ") and second.endswith(" is dreadful, but the cast is superb!")
+    assert contrast_joins(reviews, [1, 0, 0, 1], lexicon, seed=1)[1] == [0, 1]
