@@ -180,14 +180,14 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
 class Validation:
     """What the checkpoint and the mix are chosen on, in groups (``GROUPS``): the validation reviews; with
     --short-texts, their closing sentences; with --negation-edits and --contrast-joins, the rule-made texts cut
-    from them (``text.edits``). For a model
-    with an n-gram branch, also that branch's logits for all of them from its fit on the training part alone
-    (saved in the run folder at stage 1, so they stay held out when the kept branch is fitted again on all labelled
-    reviews)."""
+    from them (``text.edits``). For a model with an n-gram branch, also that branch's logits for all of them from
+    its fit on the training part alone (saved in the run folder at stage 1, so they stay held out when the kept
+    branch is fitted again on all labelled reviews)."""
 
-    # The infix of each group's score (val_short_accuracy): whole reviews, closing sentences, negation edits and
-    # their sentences, contrast joins.
+    # The infix of each group's score (val_short_accuracy), and what the group holds.
     GROUPS: ClassVar[tuple[str, ...]] = ("", "short", "edit", "join")
+    HOLDS: ClassVar[tuple[str, ...]] = ("reviews", "closing sentences", "negation edits and sentences",
+                                        "contrast joins")
 
     ids: list[TokenIds]
     labels: list[int]
@@ -204,6 +204,15 @@ class Validation:
         for name, (more_ids, more_labels) in (rule_made or {}).items():
             ids, labels, group = ids + more_ids, labels + more_labels, group + [cls.GROUPS.index(name)] * len(more_ids)
         return cls(ids, labels, np.array(group, dtype=np.int64))
+
+    @staticmethod
+    def key(system: str, group: str) -> str:
+        """The metric of a system ("" for the transformer, "ngram", "mixed") on a group: val_mixed_short_accuracy."""
+        return "_".join(p for p in ("val", system, group, "accuracy") if p)
+
+    def describe(self) -> str:
+        """How many texts each group holds: "2484 reviews, 2484 closing sentences, ..."."""
+        return ", ".join(f"{int((self.group == g).sum())} {holds}" for g, holds in enumerate(self.HOLDS))
 
     @property
     def short(self) -> np.ndarray:
@@ -227,8 +236,7 @@ class Validation:
             for g, group in enumerate(self.GROUPS):
                 rows = self.group == g
                 if rows.any() or g == 0:
-                    name = "_".join(p for p in ("val", system, group, "accuracy") if p)
-                    out[name] = float((logits[rows].argmax(1) == y[rows]).mean()) if rows.any() else None
+                    out[self.key(system, group)] = float((logits[rows].argmax(1) == y[rows]).mean()) if rows.any() else None
         return out, mix
 
 
@@ -270,8 +278,8 @@ class ClassificationTask(Task):
 
     def score(self, metrics):
         """Higher is better: what ships (the mix, with a branch), averaged over the validation groups."""
-        prefix = "val_mixed" if self.validation.ngram is not None else "val"
-        values = [metrics.get("_".join(p for p in (prefix, group, "accuracy") if p)) for group in Validation.GROUPS]
+        system = "mixed" if self.validation.ngram is not None else ""
+        values = [metrics.get(Validation.key(system, group)) for group in Validation.GROUPS]
         values = [v for v in values if v is not None]
         return sum(values) / len(values)
 
@@ -484,9 +492,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
                 + (f", {len(edit_ids)} negation edits and their sentences" if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins" if join_ids else "")
-                + "; to validate on: " + ", ".join(f"{int((validation.group == g).sum())} {what}" for g, what in
-                                                   enumerate(("reviews", "closing sentences", "negation edits and "
-                                                              "sentences", "contrast joins")))
+                + f"; to validate on: {validation.describe()}"
                 + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
 
@@ -496,9 +502,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     unlabelled_ids = (encode(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
-    reviews = len(train_ids) + len(counterfactual_ids)
     labelled = (train_ids + counterfactual_ids + edit_ids, train_set.labels + counterfactual.labels + edits.labels,
-                np.repeat([1.0, config.negation_edit_weight], [reviews, len(edit_ids)]))  # the n-gram branch's data
+                np.repeat([1.0, config.negation_edit_weight], [len(train_ids) + len(counterfactual_ids),
+                                                               len(edit_ids)]))  # the n-gram branch's data
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
                  if config.pseudo_labels and unlabelled_ids else np.zeros((0, model_config.num_classes)))
