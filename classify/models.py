@@ -175,7 +175,7 @@ class Classifier(nn.Module):
     def forward(self, tokens: Tensor, ngram: bool = True) -> Tensor:
         """tokens (B, T) LongTensor, right-padded with ``pad_id`` -> logits (B, num_classes): what ships.
         ``ngram=False``: the transformer branch's alone, as ``classify.train`` trains it (the branch is frozen and
-        weighted 0 until the mix is chosen: computing it would cost 6% of a step for nothing)."""
+        weighted 0 until the mix is chosen, so computing it would be work for nothing)."""
         if not ngram:
             return self.transformer(tokens)
         return self.mixed(self.branches(tokens))
