@@ -114,7 +114,7 @@ class TrainConfig(ReviewRunConfig):
     negation_edit_weight: float = setting(0.1, "how much each negation edit and its sentence count in the n-gram "
                                                "branch's fit (a review counts 1). The branch alone: at 0.1, +0.3 "
                                                "points on IMDB validation and -0.8 on test, negated negatives "
-                                               "31% -> 10% failures; at 1, -1.3 on validation "
+                                               "from 31 to 10 per cent failures; at 1, -1.3 on validation "
                                                "(experiments/RESULTS.md)", check=positive)
     counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
                                             "n-gram branch is fitted on them once)", check=positive)
