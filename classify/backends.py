@@ -55,6 +55,10 @@ class TorchBackend:
     def logits(self, tokens: np.ndarray) -> np.ndarray:
         return self._run(self.model, tokens).float().cpu().numpy()
 
+    def transformer(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens (B, T) -> the transformer branch's logits alone (B, C), the n-gram branch not computed."""
+        return self._run(self.model.transformer, tokens).float().cpu().numpy()
+
     def branches(self, tokens: np.ndarray) -> BranchLogits:
         """tokens (B, T) -> each branch's logits before the mix, as NumPy (``models.BranchLogits``)."""
         parts = self._run(self.model.branches, tokens)

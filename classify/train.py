@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from .backends import TorchBackend, batched_branches
+from .backends import TorchBackend, batched, batched_branches
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
                              from_args, positive, setting)
 from .engine import distributed
+from .engine.device import peak_memory
 from .engine.files import load_model_weights
 from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
@@ -293,7 +294,9 @@ def transformer_logits(model: Classifier, ids: list[TokenIds], device, dtype, ba
     mine = list(range(distributed.rank(), len(ids), distributed.world_size())) if shard else list(range(len(ids)))
     logits = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     if mine:
-        logits[mine] = batched_branches(TorchBackend(model, device, dtype), [ids[i] for i in mine], batch_size).transformer
+        backend = TorchBackend(model, device, dtype)
+        logits[mine] = batched(lambda t: (backend.transformer(t),), [ids[i] for i in mine], model.config.pad_id,
+                               batch_size)[0]
     if shard:
         logits = np.asarray(distributed.all_sum(logits.ravel().tolist()), dtype=np.float32).reshape(logits.shape)
     return logits
@@ -363,7 +366,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
             if model.ngram is not None else "n-gram teacher")
     console.log(f"{what} ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots) fitted on {len(train_ids)} reviews in "
                 f"{time.monotonic() - t:.0f}s" + (f"; it labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled "
-                                                  f"reviews {LABEL_NAMES[1]}" if len(given) else ""))
+                                                  f"reviews {LABEL_NAMES[1]}" if len(given) else "")
+                + f"; peak memory {peak_memory()}")
     if model.ngram is not None and validation.ids:
         validation.ngram = bag_logits(bag, validation.ids).numpy()
         run.save_branch_validation(validation.ngram)
@@ -373,7 +377,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                                  unlabelled_ids if self_train else [], config.ngram_c, self_train,
                                  np.concatenate([weights, np.ones(len(val_ids))]))
             console.log(f"n-gram branch fitted again on all {len(train_ids) + len(val_ids)} labelled reviews in "
-                        f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits)")
+                        f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits); peak memory "
+                        f"{peak_memory()}")
     if not (config.pseudo_labels and len(given)):
         return given[:0]
     run.save_pseudo_labels(given, "n-gram branch, first fit" if model.ngram is not None else "n-gram teacher")
@@ -493,7 +498,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(edit_ids)} negation edits and their sentences" if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins" if join_ids else "")
                 + f"; to validate on: {validation.describe()}"
-                + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s")
+                + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s; peak memory {peak_memory()}")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
 
     model = Classifier(model_config).to(device)
@@ -532,7 +537,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(join_ids)} contrast joins" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
-                + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else ""))
+                + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else "")
+                + f"; peak memory {peak_memory()}")
     task = ClassificationTask(model, ids, targets, validation, config, device, dtype)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
     if result.interrupted:
@@ -553,6 +559,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
             if "components" in test_metrics:
                 rows.append(("test accuracy, transformer / n-grams alone",
                              "{transformer:.4f} / {ngram:.4f}".format(**test_metrics["components"])))
+        rows.append(("peak memory (resident)", peak_memory()))
         result.print_summary(console, "classify.train", run, rows)
     return 0
 

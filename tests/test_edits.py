@@ -20,12 +20,39 @@ def test_negate_removes_a_negation_keeping_case_and_punctuation():
     assert negate("I \"couldn't\" stop.").text == "I \"could\" stop."
 
 
+def test_negate_contracts_the_negation_it_puts_in_when_asked():
+    assert negate("The plot was thin.", contract=True).text == "The plot wasn't thin."
+    assert negate("You will love it!", contract=True).text == "You won't love it!"
+    assert negate("Can you believe it?", contract=True).text == "Can't you believe it?"   # case kept
+    assert negate("I am bored.", contract=True).text == "I am not bored."                 # no "amn't"
+    assert negate("It's fun.", contract=True).text == "It's not fun."
+
+
+VERBS = frozenset({"love", "deserve", "like", "watch", "try", "stop"})
+
+
+def test_negate_gives_a_lexical_verb_after_a_pronoun_do_support():
+    assert negate("I loved this movie.", VERBS).text == "I did not love this movie."
+    assert negate("It deserves better.", VERBS).text == "It does not deserve better."
+    assert negate("They watch it every year.", VERBS).text == "They do not watch it every year."
+    assert negate("I really liked the cast.", VERBS, contract=True).text == "I didn't really like the cast."
+    assert negate("He tried hard.", VERBS).text == "He did not try hard."
+    assert negate("I thought it was great.", VERBS).text == "I did not think it was great."   # irregular
+    edit = negate("We stopped watching, and it got better.", VERBS)
+    assert edit.text == "We did not stop watching, and it got better." and edit.scope == ["stopped", "watching"]
+    # Only a verb the lexicon knows, after the sentence's own subject; otherwise the copula rule reads on.
+    assert negate("I hoped it was good.", VERBS).text == "I hoped it was not good."
+    assert negate("Then I loved it.", VERBS) is None
+    assert negate("I loved this movie.") is None          # no verbs given: copulas and modals only
+    assert negate("It does work.", VERBS) is None         # an auxiliary is not a lexical verb
+
+
 def test_negate_leaves_what_the_rule_cannot_read():
     assert negate("I never laughed once.") is None        # a negation with no verb to undo
-    assert negate("The film was never dull.") is None      # "was never": toggling would double it
     assert negate("Nothing happens here.") is None
     assert negate("Watch it tonight.") is None             # no copula or modal
     assert negate("The ending is, frankly, silly.") is None
+    assert negate("The film was never dull.").text == "The film was dull."   # "never" after a copula comes out
 
 
 def test_sentences_and_negated():
@@ -41,6 +68,15 @@ def test_the_lexicon_reads_polar_words_and_ignores_negators():
     assert lexicon.score("not superb") == lexicon.score("superb")  # "not" is no evidence either way
 
 
+def test_the_lexicon_learns_verbs_from_what_follows_a_negated_do():
+    texts = ["I didn't enjoy it, I enjoyed nothing and stopped enjoying it.", "You don't want the ending.",
+             "Did not watch it, then I watched it, watching it twice.", "They didn't really try."]
+    lexicon = Lexicon.fit(texts, [0, 0, 1, 1], min_count=1)
+    # "enjoy" and "watch" show their past and -ing forms; "the" and "really" follow a negated "do" but are no
+    # verbs, nor is "want" here (no "wanted", no "wanting"), nor "try" (no "tried").
+    assert lexicon.verbs == {"enjoy", "watch"}
+
+
 def test_negation_pairs_flip_the_label_of_polar_sentences_only():
     lexicon = Lexicon({"wonderful": 2.0, "dreadful": -2.0, "film": 0.0})
     reviews = ["I went on a Sunday. The film was wonderful from start to end. Was it wonderful?",
@@ -48,9 +84,14 @@ def test_negation_pairs_flip_the_label_of_polar_sentences_only():
                "The film was dreadful in every way.",
                "The cinema was cold and I was late today."]   # nothing polar: no pair
     texts, labels = negation_pairs(reviews, [1, 1, 0, 0], lexicon)
-    assert texts == ["The film was wonderful from start to end.", "The film was not wonderful from start to end.",
-                     "The film wasn't dreadful at all, I must say.", "The film was dreadful at all, I must say.",
-                     "The film was dreadful in every way.", "The film was not dreadful in every way."]
+    assert texts[0::2] == ["The film was wonderful from start to end.", "The film wasn't dreadful at all, I must say.",
+                           "The film was dreadful in every way."]
+    assert texts[3] == "The film was dreadful at all, I must say."
+    # A negation put in is contracted or not, at random (people write both).
+    assert texts[1] in ("The film was not wonderful from start to end.", "The film wasn't wonderful from start to end.")
+    assert texts[5] in ("The film was not dreadful in every way.", "The film wasn't dreadful in every way.")
+    many = negation_pairs(["The film was wonderful from start to end."] * 40, [1] * 40, lexicon)[0]
+    assert {"The film was not wonderful from start to end.", "The film wasn't wonderful from start to end."} == set(many[1::2])
     assert labels == [1, 0, 1, 0, 0, 1]
     # A sentence whose polar words disagree with its review's label is no evidence for it: left out.
     assert negation_pairs(["The film was wonderful from start to end."], [0], lexicon) == ([], [])

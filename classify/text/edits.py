@@ -6,8 +6,9 @@ they teach that after "but" the second clause has the say. The counterfactual pa
 the human-made cure, but there are only ~1,100 of them. This module makes many more, mechanically, from the
 training reviews' own sentences, each beside a text of the same words under the other label:
 
-- ``negate(sentence)`` toggles the negation of a sentence's first verb phrase: "not" goes in after the first
-  copula or modal ("The plot was thin." -> "The plot was not thin."), and a negated one loses its negation
+- ``negate(sentence, verbs)`` toggles the negation of a sentence's first verb phrase: "not" goes in after the
+  first copula or modal ("The plot was thin." -> "The plot was not thin."), or "do"-support is added to a lexical
+  verb after a pronoun ("I enjoyed it." -> "I did not enjoy it."), and a negated one loses its negation
   ("I couldn't stop laughing." -> "I could stop laughing.").
 - ``negation_pairs`` keeps the sentences whose label is known with some confidence: the review's label for an
   un-negated sentence whose words a bag-of-words lexicon (``Lexicon``, log-count ratios fitted on the training
@@ -41,10 +42,25 @@ UNNEGATED = {"isn't": "is", "wasn't": "was", "aren't": "are", "weren't": "were",
              "wouldn't": "would", "can't": "can", "cannot": "can", "couldn't": "could", "shouldn't": "should",
              "mustn't": "must", "didn't": "did", "doesn't": "does", "don't": "do", "hasn't": "has", "haven't": "have",
              "hadn't": "had"}
+# ... and the other way: the contracted negation of a copula or modal.
+CONTRACTED = {plain: negated for negated, plain in UNNEGATED.items() if plain in TAKES_NOT and negated != "cannot"}
 NEGATION_WORDS = frozenset({"not", "no", "never", "nothing", "nobody", "none", "nor", "neither", "without", "hardly",
                             "barely", *UNNEGATED})
+# A lexical verb takes "do"-support to be negated ("I enjoyed it." -> "I did not enjoy it."). The rule reads it only
+# after a pronoun subject, where the next word is a verb if it is any verb's form; which words are verbs it learns
+# from the training reviews (``Lexicon.verbs``: the words that follow "didn't", "don't", ...). The subject decides
+# the present tense's form of "do"; irregular past forms are not guessable from their spelling.
+DO_BY_SUBJECT = {"i": "do", "we": "do", "you": "do", "they": "do", "he": "does", "she": "does", "it": "does"}
+# "have" is left out: as often an auxiliary ("I have seen") as a main verb.
+IRREGULAR = {"thought": "think", "found": "find", "felt": "feel", "saw": "see", "knew": "know", "got": "get",
+             "kept": "keep", "made": "make", "took": "take", "gave": "give", "understood": "understand",
+             "bought": "buy", "left": "leave", "fell": "fall", "meant": "mean"}
+# Adverbs that sit between the subject and its verb and stay before it ("I really liked" -> "I did not really
+# like"); other adverbs ending in -ly do the same.
+ADVERBS = frozenset("just even also still always really actually truly honestly simply quite".split())
 
 _SENTENCE = re.compile(r"[^.!?]+[.!?]+")
+_AFTER_DO = re.compile(r"\b(?:didn't|don't|doesn't|did not|do not|does not) ([a-z]+)\b")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 MIN_WORDS, MAX_WORDS = 4, 20
 
@@ -104,31 +120,72 @@ def _scope(tokens: list[str], start: int) -> list[str]:
     return out
 
 
-def negate(sentence: str) -> Edit | None:
+def _adverb(word: str) -> bool:
+    return word in ADVERBS or (word.endswith("ly") and len(word) > 4)
+
+
+def _do_support(tokens: list[str], i: int, verbs: frozenset[str], contract: bool) -> Edit | None:
+    """``tokens[i]`` is a pronoun, the sentence's subject: the sentence with "do"-support negating the lexical verb after it (one
+    adverb may come between), or None when the next words are no verb form ``verbs`` knows."""
+    j = i + 1
+    while j < len(tokens) and j <= i + 2 and _adverb(_bare(tokens[j])):
+        j += 1
+    if j >= len(tokens) or not tokens[j].isalpha():
+        return None  # "I, ..." or a verb with a mark after it: nothing the rule reads with confidence
+    subject, form = _bare(tokens[i]), tokens[j].lower()
+    if form in IRREGULAR:
+        do, base = "did", IRREGULAR[form]
+    elif form.endswith("ed"):  # "enjoyed" -> enjoy, "loved" -> love, "stopped" -> stop, "tried" -> try
+        do, base = "did", next((b for b in (form[:-2], form[:-1], form[:-3], form[:-3] + "y") if b in verbs), None)
+    elif DO_BY_SUBJECT[subject] == "does":  # "deserves" -> deserve, "watches" -> watch, "tries" -> try
+        do, base = "does", next((b for b in (form[:-1], form[:-2], form[:-3] + "y") if form.endswith("s")
+                                 and b in verbs), None)
+    else:
+        do, base = "do", form if form in verbs else None
+    if not base:
+        return None
+    edited = [*tokens[: i + 1], *([do + "n't"] if contract else [do, "not"]), *tokens[i + 1: j], base, *tokens[j + 1:]]
+    return Edit(" ".join(edited), " ".join(tokens), _scope(tokens, i + 1))
+
+
+def _reword(token: str, word: str) -> str:
+    """``token`` with its word replaced by ``word``, keeping a capital first letter and the marks around it."""
+    core = re.search(r"[A-Za-z]+['\u2019]?[A-Za-z]*", token)
+    word = word.capitalize() if core.group()[0].isupper() else word
+    return token[:core.start()] + word + token[core.end():]
+
+
+def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = False) -> Edit | None:
     """The sentence with the negation of its first negated or negatable verb toggled, or None when it has neither.
+    ``verbs``: the base forms of lexical verbs (``Lexicon.verbs``); with none, only copulas and modals are negated.
+    ``contract``: a negation put in is contracted where English contracts it ("wasn't", "didn't").
 
     "The film is a mess." -> "The film is not a mess."; "It's fun." -> "It's not fun."; "It wasn't funny." ->
-    "It was funny."; "It was not funny." -> "It was funny."; "I never laughed." (no verb the rule can read) -> None.
+    "It was funny."; "It was not funny." -> "It was funny."; "It was never dull." -> "It was dull."; "I loved it."
+    -> "I did not love it."; "I never laughed." (a negation with no verb to undo) -> None.
     """
     tokens = sentence.split(" ")
     for i, token in enumerate(tokens):
         word = _bare(token)
+        if verbs and i == 0 and word in DO_BY_SUBJECT and token.isalpha():  # the main clause's subject
+            edit = _do_support(tokens, i, verbs, contract)
+            if edit is not None:
+                return edit
         if word in UNNEGATED:  # "wasn't" -> "was", keeping the case and the punctuation around it
-            core = re.search(r"[A-Za-z]+['\u2019]?[A-Za-z]*", token)
-            plain = UNNEGATED[word]
-            plain = plain.capitalize() if core.group()[0].isupper() else plain
-            edited = [*tokens[:i], token[:core.start()] + plain + token[core.end():], *tokens[i + 1:]]
+            edited = [*tokens[:i], _reword(token, UNNEGATED[word]), *tokens[i + 1:]]
             text = " ".join(edited)
             return Edit(text, text, _scope(edited, i + 1))
         following = _bare(tokens[i + 1]) if i + 1 < len(tokens) else ""
         if word in TAKES_NOT or (word.endswith("'s") and word[:-2] in IS_CONTRACTED):
-            if following == "not":  # "was not" -> "was"
+            if following in ("not", "never"):  # "was not" -> "was"
                 edited = [*tokens[: i + 1], *tokens[i + 2:]]
                 text = " ".join(edited)
                 return Edit(text, text, _scope(edited, i + 1))
             if following in NEGATION_WORDS or not following.isalpha() or token[-1] in ",;:.!?":
                 return None  # "was never ...", "is, " : nothing the rule can toggle
-            return Edit(" ".join([*tokens[: i + 1], "not", *tokens[i + 1:]]), sentence, _scope(tokens, i + 1))
+            negation = ([_reword(token, CONTRACTED[word])] if contract and word in CONTRACTED
+                        else [token, "not"])  # "was" -> "wasn't" or "was not"
+            return Edit(" ".join([*tokens[:i], *negation, *tokens[i + 1:]]), sentence, _scope(tokens, i + 1))
         if word in NEGATION_WORDS:  # "never", "no one": a negation the rule cannot undo
             return None
     return None
@@ -139,23 +196,42 @@ def negated(sentence: str) -> bool:
     return any(w in NEGATION_WORDS for w in words(sentence))
 
 
+def _conjugated(word: str, seen: set[str]) -> bool:
+    """Whether a word that followed "didn't" is a lexical verb's base form: its past and -ing forms are among the
+    ``seen`` words, or it is an irregular verb's ("the" and "really" follow "didn't" too, but no "theed" is
+    written). The auxiliaries are left to the other rules."""
+    if word in ("be", "have", "do") or _adverb(word) or len(word) < 2:
+        return False
+    if word in IRREGULAR.values():
+        return True
+    past = {word + "ed", word + "d", word + word[-1] + "ed", word[:-1] + "ied"}
+    present_participle = {word + "ing", word[:-1] + "ing", word + word[-1] + "ing", word[:-2] + "ying"}
+    return bool(past & seen) and bool(present_participle & seen)
+
+
 @dataclass
 class Lexicon:
     """Per-word log-count ratios of a two-class corpus (Wang and Manning's NBSVM features): log of how much more
     often a word occurs in the second class's documents than in the first's, with add-``alpha`` smoothing."""
 
     ratio: dict[str, float]
+    # Base forms of lexical verbs, for "do"-support (``negate``): the words seen after "didn't", "do not", ...
+    verbs: frozenset[str] = frozenset()
 
     @classmethod
     def fit(cls, texts: Iterable[str], labels: Iterable[int], alpha: float = 1.0, min_count: int = 5) -> "Lexicon":
         counts = (Counter(), Counter())
+        after_do: Counter = Counter()
         docs = [0, 0]
         for text, label in zip(texts, labels):
             counts[label].update(set(words(text)))
+            after_do.update(_AFTER_DO.findall(text.lower()))
             docs[label] += 1
         vocab = [w for w in counts[0].keys() | counts[1].keys() if counts[0][w] + counts[1][w] >= min_count]
+        seen = set(vocab)
+        verbs = frozenset(w for w, n in after_do.items() if n >= min_count and _conjugated(w, seen))
         return cls({w: float(np.log((counts[1][w] + alpha) / (docs[1] + alpha))
-                             - np.log((counts[0][w] + alpha) / (docs[0] + alpha))) for w in vocab})
+                             - np.log((counts[0][w] + alpha) / (docs[0] + alpha))) for w in vocab}, verbs)
 
     def score(self, sentence: str) -> float:
         """Summed ratios of the sentence's distinct words, negation words left out: > 0 reads as the second
@@ -210,7 +286,7 @@ def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
         for sentence in sentences(text):
             if sentence.endswith("?") or not MIN_WORDS <= len(words(sentence)) <= MAX_WORDS or not whole(sentence):
                 continue  # a question's label is not its statement's
-            edit = negate(sentence)
+            edit = negate(sentence, lexicon.verbs, contract=bool(rng.integers(2)))
             if edit is None or negated(edit.plain):
                 continue  # a second negation would make the edit's label a guess
             sign = 2 * (label if edit.plain == sentence else 1 - label) - 1
