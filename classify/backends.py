@@ -27,6 +27,7 @@ class Backend(Protocol):
 
     name: str                 # "torch" | "onnx"
     pad_id: int               # the id padding is made of
+    max_len: int              # the longest input, in tokens
     num_classes: int
     parameters: int           # the model's size, for /v1/model
     runtime: dict             # how it computes, for /v1/model: backend, device, precision, threads
@@ -43,7 +44,7 @@ class TorchBackend:
 
     def __init__(self, model: Classifier, device: torch.device, dtype: torch.dtype | None):
         self.model, self.device, self.dtype = model.eval(), device, dtype
-        self.pad_id, self.num_classes = model.config.pad_id, model.config.num_classes
+        self.pad_id, self.num_classes, self.max_len = model.config.pad_id, model.config.num_classes, model.config.max_len
         self.parameters = sum(p.numel() for p in model.parameters())
 
     @property
@@ -76,7 +77,7 @@ class OnnxBackend:
 
     name = "onnx"
 
-    def __init__(self, path: Path, pad_id: int, num_classes: int, parameters: int, threads: int | None):
+    def __init__(self, path: Path, pad_id: int, max_len: int, num_classes: int, parameters: int, threads: int | None):
         try:
             import onnxruntime as ort
         except ImportError as err:
@@ -89,7 +90,7 @@ class OnnxBackend:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own exception types for unreadable models
             raise ClassifyError(f"ONNX Runtime cannot load {path}: {str(err).splitlines()[0]}") from None
-        self.pad_id, self.num_classes, self.parameters = pad_id, num_classes, parameters
+        self.pad_id, self.max_len, self.num_classes, self.parameters = pad_id, max_len, num_classes, parameters
         self.runtime = {"backend": self.name, "device": "cpu", "precision": "fp32", "threads": threads or "default"}
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
@@ -98,19 +99,20 @@ class OnnxBackend:
 
 def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[TokenIds], pad_id: int,
             batch_size: int = 64, max_tokens: int | None = None,
-            progress: Callable[[int], None] | None = None) -> list[np.ndarray | None]:
+            progress: Callable[[int], None] | None = None, max_len: int | None = None) -> list[np.ndarray | None]:
     """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) arrays or None) over token id lists in
     length-bucketed batches: its outputs for all N texts in input order, (N, ...) each (None stays None).
 
     ``max_tokens``: cut batches by padded tokens instead of by ``batch_size`` (the server: reviews of very
-    different lengths batch well). ``progress``: called with the number of texts done."""
+    different lengths batch well). ``progress``: called with the number of texts done. ``max_len``: the model's;
+    batches are then padded to a multiple of ``text.batching.PAD_MULTIPLE`` positions (``pad_batch``)."""
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if len(x) else [pad_id] for x in ids]
     sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     outputs: list[np.ndarray | None] = []
     done = 0
     for indices in sampler:
-        out = forward(pad_batch([ids[i] for i in indices], pad_id).numpy())
+        out = forward(pad_batch([ids[i] for i in indices], pad_id, max_len=max_len).numpy())
         if not outputs:
             outputs = [None if a is None else np.zeros((len(ids), *a.shape[1:]), a.dtype) for a in out]
         for k, array in enumerate(out):
@@ -127,11 +129,13 @@ def batched_logits(backend: Backend, ids: list[TokenIds], batch_size: int = 64, 
     """Token id lists -> logits (N, C) float32 in input order, on ``backend`` (see ``batched``)."""
     if not ids:
         return np.zeros((0, backend.num_classes), dtype=np.float32)
-    return batched(lambda t: (backend.logits(t),), ids, backend.pad_id, batch_size, max_tokens, progress)[0]
+    return batched(lambda t: (backend.logits(t),), ids, backend.pad_id, batch_size, max_tokens, progress,
+                   backend.max_len)[0]
 
 
 def batched_branches(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64,
                      progress: Callable[[int], None] | None = None) -> BranchLogits:
     """Token id lists -> each branch's logits before the mix, in input order: (N, C), (N, C) or None without an
     n-gram branch, lengths (N,)."""
-    return BranchLogits(*batched(backend.branches, ids, backend.pad_id, batch_size, progress=progress))
+    return BranchLogits(*batched(backend.branches, ids, backend.pad_id, batch_size, progress=progress,
+                                 max_len=backend.max_len))

@@ -74,7 +74,7 @@ def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, 
     hook = model.embed.tokens.register_forward_hook(scale_embeddings)
     try:
         with torch.enable_grad():
-            tokens = torch.tensor([ids], device=device).expand(steps, -1)
+            tokens = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None].expand(steps, -1)
             logits = model(tokens).float()
             others = torch.cat([logits[:, :target], logits[:, target + 1:]], dim=1)
             log_odds = logits[:, target] - torch.logsumexp(others, dim=1)

@@ -96,7 +96,8 @@ def check_export(run: LoadedRun, path: Path) -> float:
     """Run the export on ONNX Runtime and PyTorch on one batch of mixed lengths (``check_lengths``); the
     largest difference of their logits, which must be below ``TOLERANCE``."""
     tokens = pad_batch(check_lengths(run.max_len, run.model.config.vocab_size), run.backend.pad_id).numpy()
-    onnx = OnnxBackend(path, run.backend.pad_id, run.backend.num_classes, run.backend.parameters, threads=1)
+    onnx = OnnxBackend(path, run.backend.pad_id, run.max_len, run.backend.num_classes, run.backend.parameters,
+                       threads=1)
     try:
         logits = onnx.logits(tokens)
     except Exception as err:  # onnxruntime's own exception types

@@ -106,7 +106,7 @@ def load_export(path: str | Path, threads: int | None = None) -> LoadedRun:
     config, model_config, tokenizer, labels, truncation = _read(path, EXPORT_KIND)
     if not (path / ONNX_MODEL).is_file():
         raise ClassifyError(f"{ONNX_MODEL} not found in {path}: export the run again with python -m classify.export")
-    backend = OnnxBackend(path / ONNX_MODEL, model_config.pad_id, model_config.num_classes,
+    backend = OnnxBackend(path / ONNX_MODEL, model_config.pad_id, model_config.max_len, model_config.num_classes,
                           int(config.get("export", {}).get("parameters", 0)), threads)
     return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
 

@@ -215,7 +215,7 @@ class NgramBag(nn.Module):
         The branch is a sum over distinct slots, so this is exact: a slot's value is split equally
         over the tokens of all its occurrences (an n-gram seen twice counts once, as in ``forward``).
         """
-        tokens = torch.tensor([ids], device=self.negators.device)
+        tokens = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.negators.device)[None]   # (1, T)
         per_family = family_slots(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))
         value = self.weight.float() @ direction.float().to(self.weight.device)           # (buckets + 1,)
         occurrences: dict[int, list[list[int]]] = {}   # slot -> the token positions of each occurrence

@@ -160,7 +160,7 @@ class MaskedLMTask(Task):
         self.model, self.masker = model, masker
         self.lengths = [len(x) for x in train_ids]
         self.max_tokens = config.max_tokens
-        self.collate = Collate(train_ids, pad_id=model.config.pad_id)
+        self.collate = Collate(train_ids, pad_id=model.config.pad_id, max_len=model.config.max_len)
         val_sampler = BucketBatchSampler([len(x) for x in val_ids], max_tokens=config.max_tokens, shuffle=False)
         self.val_batches = [pad_batch([val_ids[i] for i in b], model.config.pad_id) for b in val_sampler]
         self.seed, self.device, self.dtype = config.seed, device, dtype

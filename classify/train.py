@@ -252,7 +252,8 @@ class ClassificationTask(Task):
         self.lengths = [len(x) for x in train_ids]
         self.batch_size, self.max_tokens = config.batch_size, config.max_tokens
         self.pool_batches = 1 if fixed else 50  # a pool of one batch sorts nothing that matters
-        self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None)
+        self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None,
+                               model.config.max_len)
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
         self.label_smoothing = config.label_smoothing
         self.validation, self.device, self.dtype = validation, device, dtype
@@ -296,7 +297,7 @@ def transformer_logits(model: Classifier, ids: list[TokenIds], device, dtype, ba
     if mine:
         backend = TorchBackend(model, device, dtype)
         logits[mine] = batched(lambda t: (backend.transformer(t),), [ids[i] for i in mine], model.config.pad_id,
-                               batch_size)[0]
+                               batch_size, max_len=backend.max_len)[0]
     if shard:
         logits = np.asarray(distributed.all_sum(logits.ravel().tolist()), dtype=np.float32).reshape(logits.shape)
     return logits

@@ -205,7 +205,7 @@ def test_attributions_use_the_models_tokens_and_add_up(trained_run):
         if scale == 0:
             hooks.append(run.model.ngram.register_forward_hook(lambda m, i, out: m.bias.expand_as(out)))
         with torch.no_grad():
-            logits = run.model(torch.tensor([ids]))[0]
+            logits = run.model(torch.as_tensor(np.asarray(ids, dtype=np.int64))[None])[0]
         for hook in hooks:
             hook.remove()
         return float(logits[1] - logits[0])

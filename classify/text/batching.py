@@ -93,9 +93,21 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(self.batches()) // self.world_size
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None) -> torch.Tensor:
-    """Right-pad id lists to the longest one (or to a fixed ``length``). -> LongTensor (B, T)"""
-    longest = length or max(1, max(len(s) for s in sequences))
+# With ``max_len`` given, batches are padded to a multiple of this many positions (never past ``max_len``). oneDNN
+# builds and caches kernels per input shape (ideep's and oneDNN's primitive caches, up to 1,024 each): padded to
+# their longest text, batches come in ~500 lengths, whose cached kernels held about 0.8 GB and missed the caches;
+# in 16 lengths they stay small and hit (experiments/RESULTS.md, "Peak memory").
+PAD_MULTIPLE = 32
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None,
+              max_len: int | None = None) -> torch.Tensor:
+    """Right-pad id lists to one length -> LongTensor (B, T): a fixed ``length``; else the longest list's, rounded
+    up to a multiple of ``PAD_MULTIPLE`` but not past ``max_len`` when that is given."""
+    longest = max(1, max(len(s) for s in sequences))
+    if length is None and max_len is not None:
+        length = max(longest, min(max_len, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE))
+    longest = length or longest
     out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
@@ -104,15 +116,16 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int |
 
 class Collate:
     """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels"`` when the examples
-    have them: (B,) class ids, or (B, C) target distributions when ``labels`` is an (N, C) float array. A
-    class, not a closure, so DataLoader workers can pickle it."""
+    have them: (B,) class ids, or (B, C) target distributions when ``labels`` is an (N, C) float array. Padded as
+    ``pad_batch`` pads (``pad_to``: a fixed length; ``max_len``: the model's, for rounding up). A class, not a
+    closure, so DataLoader workers can pickle it."""
 
     def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray | None = None,
-                 pad_id: int = 0, pad_to: int | None = None):
-        self.ids, self.labels, self.pad_id, self.pad_to = ids, labels, pad_id, pad_to
+                 pad_id: int = 0, pad_to: int | None = None, max_len: int | None = None):
+        self.ids, self.labels, self.pad_id, self.pad_to, self.max_len = ids, labels, pad_id, pad_to, max_len
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to)}
+        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len)}
         if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
             batch["labels"] = torch.from_numpy(self.labels[indices])
         elif self.labels is not None:
