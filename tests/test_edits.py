@@ -93,6 +93,8 @@ def test_negation_pairs_flip_the_label_of_polar_sentences_only():
     many = negation_pairs(["The film was wonderful from start to end."] * 40, [1] * 40, lexicon)[0]
     assert {"The film was not wonderful from start to end.", "The film wasn't wonderful from start to end."} == set(many[1::2])
     assert labels == [1, 0, 1, 0, 0, 1]
+    # A contrast after the negated clause has a say in the label: left out.
+    assert negation_pairs(["The film was wonderful, but the end drags on."], [1], lexicon) == ([], [])
     # A sentence whose polar words disagree with its review's label is no evidence for it: left out.
     assert negation_pairs(["The film was wonderful from start to end."], [0], lexicon) == ([], [])
 

@@ -274,7 +274,8 @@ def contrast_joins(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
 def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon, margin: float = 1.0,
                    per_review: int = 1, seed: int = 0) -> tuple[list[str], list[int]]:
     """Up to ``per_review`` (sentence, edit) pairs from each two-class review (normalised text, label 0/1), in
-    review order. A sentence qualifies when it is no question, has MIN_WORDS to MAX_WORDS words, ``negate`` can edit it, and the
+    review order. A sentence qualifies when it is no question, has MIN_WORDS to MAX_WORDS words and no contrasting word
+    ("but", "although", ...: the clause after it would have a say in the edit's label), ``negate`` can edit it, and the
     lexicon reads the words in the negation's scope, un-negated, as the label the un-negated side gets, by at least
     ``margin``, while the words outside the scope lean that way or not at all (so the edit flips what carries the
     sentence). Returns the texts (sentence, edit, sentence, edit, ...) and their labels."""
@@ -287,8 +288,8 @@ def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
             if sentence.endswith("?") or not MIN_WORDS <= len(words(sentence)) <= MAX_WORDS or not whole(sentence):
                 continue  # a question's label is not its statement's
             edit = negate(sentence, lexicon.verbs, contract=bool(rng.integers(2)))
-            if edit is None or negated(edit.plain):
-                continue  # a second negation would make the edit's label a guess
+            if edit is None or negated(edit.plain) or CLAUSE_WORDS & set(words(sentence)):
+                continue  # a second negation, or a contrast ("..., but ..."), would make the edit's label a guess
             sign = 2 * (label if edit.plain == sentence else 1 - label) - 1
             in_scope = sign * sum(lexicon.ratio.get(w, 0.0) for w in set(edit.scope))
             rest = sign * lexicon.score(" ".join(w for w in words(edit.plain) if w not in edit.scope))
