@@ -44,7 +44,8 @@ class TorchBackend:
 
     def __init__(self, model: Classifier, device: torch.device, dtype: torch.dtype | None):
         self.model, self.device, self.dtype = model.eval(), device, dtype
-        self.pad_id, self.num_classes, self.max_len = model.config.pad_id, model.config.num_classes, model.config.max_len
+        config = model.config
+        self.pad_id, self.num_classes, self.max_len = config.pad_id, config.num_classes, config.max_len
         self.parameters = sum(p.numel() for p in model.parameters())
 
     @property

@@ -91,7 +91,8 @@ def test_negation_pairs_flip_the_label_of_polar_sentences_only():
     assert texts[1] in ("The film was not wonderful from start to end.", "The film wasn't wonderful from start to end.")
     assert texts[5] in ("The film was not dreadful in every way.", "The film wasn't dreadful in every way.")
     many = negation_pairs(["The film was wonderful from start to end."] * 40, [1] * 40, lexicon)[0]
-    assert {"The film was not wonderful from start to end.", "The film wasn't wonderful from start to end."} == set(many[1::2])
+    assert set(many[1::2]) == {"The film was not wonderful from start to end.",
+                               "The film wasn't wonderful from start to end."}
     assert labels == [1, 0, 1, 0, 0, 1]
     # A contrast after the negated clause has a say in the label: left out.
     assert negation_pairs(["The film was wonderful, but the end drags on."], [1], lexicon) == ([], [])

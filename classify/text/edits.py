@@ -125,10 +125,10 @@ def _adverb(word: str) -> bool:
 
 
 def _do_support(tokens: list[str], i: int, verbs: frozenset[str], contract: bool) -> Edit | None:
-    """``tokens[i]`` is a pronoun, the sentence's subject: the sentence with "do"-support negating the lexical verb after it (one
-    adverb may come between), or None when the next words are no verb form ``verbs`` knows."""
+    """``tokens[i]`` is a pronoun, the sentence's subject: the sentence with "do"-support negating the lexical verb
+    after it (one adverb may come between), or None when the next words are no verb form ``verbs`` knows."""
     j = i + 1
-    while j < len(tokens) and j <= i + 2 and _adverb(_bare(tokens[j])):
+    if j < len(tokens) and _adverb(_bare(tokens[j])):
         j += 1
     if j >= len(tokens) or not tokens[j].isalpha():
         return None  # "I, ..." or a verb with a mark after it: nothing the rule reads with confidence
@@ -144,7 +144,8 @@ def _do_support(tokens: list[str], i: int, verbs: frozenset[str], contract: bool
         do, base = "do", form if form in verbs else None
     if not base:
         return None
-    edited = [*tokens[: i + 1], *([do + "n't"] if contract else [do, "not"]), *tokens[i + 1: j], base, *tokens[j + 1:]]
+    negation = [do + "n't"] if contract else [do, "not"]
+    edited = [*tokens[: i + 1], *negation, *tokens[i + 1: j], base, *tokens[j + 1:]]
     return Edit(" ".join(edited), " ".join(tokens), _scope(tokens, i + 1))
 
 
@@ -182,7 +183,7 @@ def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = 
                 text = " ".join(edited)
                 return Edit(text, text, _scope(edited, i + 1))
             if following in NEGATION_WORDS or not following.isalpha() or token[-1] in ",;:.!?":
-                return None  # "was never ...", "is, " : nothing the rule can toggle
+                return None  # "was no ...", "is, " : nothing the rule can toggle
             negation = ([_reword(token, CONTRACTED[word])] if contract and word in CONTRACTED
                         else [token, "not"])  # "was" -> "wasn't" or "was not"
             return Edit(" ".join([*tokens[:i], *negation, *tokens[i + 1:]]), sentence, _scope(tokens, i + 1))
