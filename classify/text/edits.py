@@ -126,9 +126,10 @@ def _adverb(word: str) -> bool:
 
 def _do_support(tokens: list[str], i: int, verbs: frozenset[str], contract: bool) -> Edit | None:
     """``tokens[i]`` is a pronoun, the sentence's subject: the sentence with "do"-support negating the lexical verb
-    after it (one adverb may come between), or None when the next words are no verb form ``verbs`` knows."""
+    after it (up to two adverbs may come between: "I really truly loved"), or None when the next words are no verb
+    form ``verbs`` knows."""
     j = i + 1
-    if j < len(tokens) and _adverb(_bare(tokens[j])):
+    while j < len(tokens) and j <= i + 2 and _adverb(_bare(tokens[j])):
         j += 1
     if j >= len(tokens) or not tokens[j].isalpha():
         return None  # "I, ..." or a verb with a mark after it: nothing the rule reads with confidence
