@@ -134,6 +134,12 @@ def batched_logits(backend: Backend, ids: list[TokenIds], batch_size: int = 64, 
                    backend.max_len)[0]
 
 
+def batched_transformer(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64) -> np.ndarray:
+    """Token id lists -> the transformer branch's logits alone (N, C), in input order (the n-gram branch is not
+    computed; validation during training)."""
+    return batched(lambda t: (backend.transformer(t),), ids, backend.pad_id, batch_size, max_len=backend.max_len)[0]
+
+
 def batched_branches(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64,
                      progress: Callable[[int], None] | None = None) -> BranchLogits:
     """Token id lists -> each branch's logits before the mix, in input order: (N, C), (N, C) or None without an

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from .backends import TorchBackend, batched, batched_branches
+from .backends import TorchBackend, batched_branches, batched_transformer
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
                              from_args, positive, setting)
 from .engine import distributed
@@ -217,7 +217,7 @@ class Validation:
 
     @property
     def short(self) -> np.ndarray:
-        """(N,) bool: a short text (a closing sentence or an edit), not a whole review."""
+        """(N,) bool: a short text (a closing sentence or a rule-made text), not a whole review."""
         return self.group > 0
 
     def lengths(self) -> np.ndarray:
@@ -295,9 +295,7 @@ def transformer_logits(model: Classifier, ids: list[TokenIds], device, dtype, ba
     mine = list(range(distributed.rank(), len(ids), distributed.world_size())) if shard else list(range(len(ids)))
     logits = np.zeros((len(ids), model.config.num_classes), dtype=np.float32)
     if mine:
-        backend = TorchBackend(model, device, dtype)
-        logits[mine] = batched(lambda t: (backend.transformer(t),), [ids[i] for i in mine], model.config.pad_id,
-                               batch_size, max_len=backend.max_len)[0]
+        logits[mine] = batched_transformer(TorchBackend(model, device, dtype), [ids[i] for i in mine], batch_size)
     if shard:
         logits = np.asarray(distributed.all_sum(logits.ravel().tolist()), dtype=np.float32).reshape(logits.shape)
     return logits
