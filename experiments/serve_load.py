@@ -23,6 +23,9 @@ server ran at capacity:
 
     python -m experiments.serve_load --model runs/small --threads 2 --open-loop 0.5 0.8 0.95 \\
         --capacity-clients 32 --seconds 20 --output experiments/results/serve_open_loop
+
+``--max-delay-ms 5 0`` runs the open-loop test once per server window, each in turn, so that two batching policies
+are compared on the same machine in the same run.
 """
 
 from __future__ import annotations
@@ -249,11 +252,13 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
             "reviews_per_s": round(sum(sizes) / seconds, 1)}
 
 
-def run_open_loop(args: argparse.Namespace, threads: int, reviews: list[str]) -> tuple[dict, dict]:
-    """One server (batching on): its capacity closed-loop, then each fraction of it open-loop; then, with the
-    server stopped, the model alone on the batch sizes the server ran at capacity. Also what the server
-    says of its model."""
-    with serve_process(args.model, "--threads", str(threads), "--precision", args.precision,
+def run_open_loop(args: argparse.Namespace, threads: int, reviews: list[str],
+                  max_delay_ms: float | None) -> tuple[dict, dict]:
+    """One server (batching on; its --max-delay-ms when given, else its default): its capacity closed-loop, then
+    each fraction of it open-loop; then, with the server stopped, the model alone on the batch sizes the server ran
+    at capacity. Also what the server says of its model."""
+    window = [] if max_delay_ms is None else ["--max-delay-ms", f"{max_delay_ms:g}"]
+    with serve_process(args.model, "--threads", str(threads), "--precision", args.precision, *window,
                        "--log-level", "warning") as url:
         asyncio.run(load_round(url, reviews[:20], 4))   # warm up
         n = max(args.requests, 3 * args.capacity_clients)
@@ -270,7 +275,8 @@ def run_open_loop(args: argparse.Namespace, threads: int, reviews: list[str]) ->
             info = json.load(answer)
     sizes = [size for r in rounds for size in r["recent_batches"]]
     alone = model_alone(args.model, reviews, sizes, threads, args.precision, info["runtime"]["limits"])
-    return {"capacity": capacity, "open_loop": levels, "model_alone": alone,
+    return {"threads": threads, "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity,
+            "open_loop": levels, "model_alone": alone,
             "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
 
 
@@ -336,9 +342,10 @@ def open_loop_markdown(result: dict) -> str:
              f"{result['server_limits']}; {result['cpu_count']} CPUs ({result['cpu_model']}), flags: "
              f"{', '.join(result['cpu_flags']) or 'none of note'}; load average before/after: "
              f"{result['load_before']} / {result['load_after']}.", ""]
-    for threads, r in result["runs"].items():
+    for r in result["runs"].values():
         c, alone = r["capacity"], r["model_alone"]
-        lines += [f"## --threads {threads}, precision {alone['precision']}", "",
+        lines += [f"## --threads {r['threads']}, --max-delay-ms {r['max_delay_ms']:g}, precision {alone['precision']}",
+                  "",
                   f"Capacity (closed loop, {c['clients']} clients, {c['requests']} requests in {c['rounds']} rounds): "
                   f"**{c['requests_per_s']} reviews/s**, p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
                   f"{c['failures']} failures, mean batch {c['mean_batch']}. The model alone on the same "
@@ -396,6 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "capacity, e.g. 0.5 0.8 0.95")
     g.add_argument("--capacity-clients", type=int, default=32, help="closed-loop clients that measure the capacity")
     g.add_argument("--seconds", type=float, default=20.0, help="how long each open-loop level runs")
+    g.add_argument("--max-delay-ms", type=float, nargs="+",
+                   help="the server's --max-delay-ms, each in turn (default: the server's own default)")
     g.add_argument("--precision", default="auto", help="the server's --precision (and the model-alone reference's)")
     return p
 
@@ -407,7 +416,9 @@ def main_open_loop(args: argparse.Namespace, argv: list[str] | None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs, server = {}, {}
     for threads in args.threads:
-        runs[str(threads)], server = run_open_loop(args, threads, reviews)
+        for delay in args.max_delay_ms or [None]:
+            key = str(threads) if args.max_delay_ms is None else f"{threads}/{delay:g}ms"
+            runs[key], server = run_open_loop(args, threads, reviews, delay)
     result = {"date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python -m experiments.serve_load " + " ".join(argv if argv is not None else sys.argv[1:]),
               "model": {k: server[k] for k in ("id", "parameters", "sizes")},

@@ -68,9 +68,10 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
     out = tmp_path / "open_loop"
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--threads", "1",
                       "--open-loop", "0.5", "0.8", "--seconds", "1", "--requests", "16", "--rounds", "1",
-                      "--capacity-clients", "4", "--precision", "fp32", "--output", str(out)]) == 0
+                      "--capacity-clients", "4", "--precision", "fp32", "--max-delay-ms", "0", "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
-    run = result["runs"]["1"]
+    run = result["runs"]["1/0ms"]
+    assert run["threads"] == 1 and run["max_delay_ms"] == 0   # the server ran the window it was given
     assert run["capacity"]["failures"] == 0 and run["capacity"]["requests_per_s"] > 0
     assert [lv["fraction"] for lv in run["open_loop"]] == [0.5, 0.8]
     for level in run["open_loop"]:
