@@ -24,14 +24,17 @@ server ran at capacity:
     python -m experiments.serve_load --model runs/small --threads 2 --open-loop 0.5 0.8 0.95 \\
         --capacity-clients 32 --seconds 20 --output experiments/results/serve_open_loop
 
-``--max-delay-ms 5 0`` runs the open-loop test once per server window, each in turn, so that two batching policies
-are compared on the same machine in the same run.
+``--max-delay-ms 5 0`` and ``--workers 1 2`` run the open-loop test once per server window and number of worker
+processes (and --threads), each in turn, so that serving layouts are compared on the same machine in the same run.
+With several workers the batch counts are summed over the processes, and the model-alone reference runs as many
+processes at once, each on its share of the batches.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -106,13 +109,47 @@ async def post_review(http, url: str, text: str) -> str | None:
         return f"{type(err).__name__}: {err}"
 
 
-async def batch_stats(http, url: str) -> dict:
-    """The server's batch counts (GET /v1/model): batches, texts, and the sizes of the last 100."""
-    async with http.get(f"{url}/v1/model") as r:
-        return (await r.json())["runtime"]["batches"]
+async def batch_stats(http, url: str, workers: int = 1) -> dict[int, dict]:
+    """Each server process's batch counts (GET /v1/model), by process id: batches, texts, and the sizes of the last
+    100. With --workers each process batches on its own: every request goes on a fresh connection, which the
+    kernel hands to one of them, until all ``workers`` have answered (a bounded number of tries)."""
+    stats: dict[int, dict] = {}
+    for _ in range(50 * workers):
+        async with http.get(f"{url}/v1/model", headers={"Connection": "close"}) as r:
+            runtime = (await r.json())["runtime"]
+        stats[runtime["process"]] = runtime["batches"]
+        if len(stats) == workers:
+            return stats
+    raise RuntimeError(f"only {len(stats)} of the server's {workers} worker processes answered GET /v1/model")
 
 
-async def load_round(url: str, reviews: list[str], clients: int) -> dict:
+async def all_workers_up(url: str, workers: int) -> None:
+    """Wait until every worker process answers (each loads the model after the command prints its address)."""
+    import aiohttp
+
+    deadline = time.monotonic() + STARTUP_SECONDS
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                await batch_stats(http, url, workers)
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+
+def batches_between(before: dict[int, dict], after: dict[int, dict]) -> dict:
+    """What every process ran between two ``batch_stats``: texts, batches, and the sizes of those batches (each
+    process's last 100 at most). A process that was not there before (a replaced worker) counts from zero."""
+    empty = {"texts": 0, "batches": 0}
+    ran = {pid: after[pid]["batches"] - before.get(pid, empty)["batches"] for pid in after}
+    return {"texts": sum(after[pid]["texts"] - before.get(pid, empty)["texts"] for pid in after),
+            "batches": sum(ran.values()),
+            "recent_batches": [size for pid in after if ran[pid] > 0 for size in after[pid]["recent"][-ran[pid]:]]}
+
+
+async def load_round(url: str, reviews: list[str], clients: int, workers: int = 1) -> dict:
     """``clients`` concurrent clients send one review per request until every review is answered:
     the latencies (s), the failures, the wall time, the load generator's own CPU time, and the texts
     and batches the server ran meanwhile.
@@ -135,16 +172,13 @@ async def load_round(url: str, reviews: list[str], clients: int) -> dict:
 
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
-        before = await batch_stats(http, url)
+        before = await batch_stats(http, url, workers)
         start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-        after = await batch_stats(http, url)
+        after = await batch_stats(http, url, workers)
     return {"latencies": latencies, "failures": failures, "seconds": seconds, "client_cpu": cpu,
-            "texts": after["texts"] - before["texts"], "batches": after["batches"] - before["batches"],
-            # the sizes of this round's batches (its last 100 at most)
-            "recent_batches": after["recent"][-(after["batches"] - before["batches"]):]
-            if after["batches"] > before["batches"] else []}
+            **batches_between(before, after)}
 
 
 def summary(clients: int, rounds: list[dict]) -> dict:
@@ -184,7 +218,8 @@ def run_threads(args: argparse.Namespace, threads: int, reviews: list[str]) -> t
             return levels, json.load(answer)
 
 
-async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: float, seed: int) -> dict:
+async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: float, seed: int,
+                          workers: int = 1) -> dict:
     """Requests at ``rate`` per second for ``seconds``, their gaps drawn from an exponential distribution
     (Poisson arrivals), each sent when due whatever the earlier ones are doing. Latency runs from when the
     request was due, so time the generator itself was late counts against the server, not for it."""
@@ -203,7 +238,7 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
     # No connection limit: a limit would queue requests in the client, which is the closed loop again.
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
-        before = await batch_stats(http, url)
+        before = await batch_stats(http, url, workers)
         tasks = []
         start, cpu = time.perf_counter(), time.process_time()
         for i, offset in enumerate(due):
@@ -214,20 +249,48 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
             tasks.append(asyncio.create_task(one(http, reviews[i % len(reviews)], at)))
         await asyncio.gather(*tasks)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        after = await batch_stats(http, url)
+        ran = batches_between(before, await batch_stats(http, url, workers))
     ms = np.array(latencies) * 1000
     return {"target_per_s": round(rate, 1), "offered_per_s": round(len(due) / due[-1], 1), "requests": len(ms),
             "failures": len(failures),
             "failure_examples": failures[:3], "served_per_s": round((len(ms) - len(failures)) / wall, 1),
             **{f"p{q}_ms": round(float(np.percentile(ms, q)), 1) for q in (50, 95, 99)},
             "max_send_late_ms": round(max(late) * 1000, 1), "client_cpu_ms": round(cpu / len(ms) * 1000, 2),
-            "mean_batch": round((after["texts"] - before["texts"]) / max(after["batches"] - before["batches"], 1), 1)}
+            "mean_batch": round(ran["texts"] / max(ran["batches"], 1), 1)}
 
 
-def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict) -> dict:
-    """Reviews/s of the model alone (no HTTP, in this process) on batches of ``sizes`` texts, through
-    ``inference.classify_texts`` with the server's batching settings, as its worker calls it; best of 2
-    after a warm-up."""
+def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict,
+                workers: int = 1, seconds: float = 10.0) -> dict:
+    """Reviews/s of the model alone (no HTTP) on batches of ``sizes`` texts, through ``inference.classify_texts``
+    with the server's batching settings, as a server worker calls it: in ``workers`` processes at once (as many as
+    the server ran, each with its threads and precision and its share of the batches), each going round its
+    batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s."""
+    import multiprocessing
+    import queue
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(workers), ctx.Queue()
+    processes = [ctx.Process(target=_model_alone_process, args=(model, reviews, sizes[k::workers] or sizes, threads,
+                                                                precision, limits, seconds, barrier, results))
+                 for k in range(workers)]
+    for process in processes:
+        process.start()
+    try:
+        counts = [results.get(timeout=STARTUP_SECONDS + 10 * seconds) for _ in processes]
+    except queue.Empty:
+        raise RuntimeError(f"the model-alone processes did not report (exit codes "
+                           f"{[p.exitcode for p in processes]})") from None
+    finally:
+        for process in processes:
+            process.join(10)
+    return {"threads": threads, "workers": workers, "precision": counts[0]["precision"], "batches": len(sizes),
+            "mean_batch": round(float(np.mean(sizes)), 1),
+            "reviews_per_s": round(sum(c["reviews"] / c["seconds"] for c in counts), 1)}
+
+
+def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str,
+                         limits: dict, seconds: float, barrier, results) -> None:
+    """One process of ``model_alone``: load, warm up, wait for the others, then run for ``seconds``."""
     import torch
 
     from classify.engine.config import runtime
@@ -237,47 +300,57 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     run = load_run(model, device, dtype)   # the server's precision, as its worker runs it
     starts = np.cumsum([0, *sizes])
 
-    def once() -> float:
-        begin = time.perf_counter()
+    def batches() -> Iterator[list[str]]:
         for first, size in zip(starts, sizes):
-            batch = [reviews[(first + k) % len(reviews)] for k in range(size)]
-            classify_texts(run, batch, limits["max_batch"], max_tokens=limits["max_batch_tokens"])
-        return time.perf_counter() - begin
+            yield [reviews[(first + k) % len(reviews)] for k in range(size)]
+
+    def classify(batch: list[str]) -> None:
+        classify_texts(run, batch, limits["max_batch"], max_tokens=limits["max_batch_tokens"])
 
     with torch.inference_mode():
-        once()
-        seconds = min(once() for _ in range(2))
-    return {"threads": threads, "precision": str(dtype).removeprefix("torch.") if dtype else "fp32",
-            "batches": len(sizes), "mean_batch": round(float(np.mean(sizes)), 1),
-            "reviews_per_s": round(sum(sizes) / seconds, 1)}
+        for batch in batches():
+            classify(batch)   # warm-up
+        barrier.wait()
+        done, begin = 0, time.perf_counter()
+        while time.perf_counter() - begin < seconds:
+            for batch in batches():
+                classify(batch)
+                done += len(batch)
+                if time.perf_counter() - begin >= seconds:
+                    break
+        results.put({"reviews": done, "seconds": time.perf_counter() - begin,
+                     "precision": str(dtype).removeprefix("torch.") if dtype else "fp32"})
 
 
-def run_open_loop(args: argparse.Namespace, threads: int, reviews: list[str],
-                  max_delay_ms: float | None) -> tuple[dict, dict]:
-    """One server (batching on; its --max-delay-ms when given, else its default): its capacity closed-loop, then
-    each fraction of it open-loop; then, with the server stopped, the model alone on the batch sizes the server ran
-    at capacity. Also what the server says of its model."""
-    window = [] if max_delay_ms is None else ["--max-delay-ms", f"{max_delay_ms:g}"]
-    with serve_process(args.model, "--threads", str(threads), "--precision", args.precision, *window,
-                       "--log-level", "warning") as url:
-        asyncio.run(load_round(url, reviews[:20], 4))   # warm up
+def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) -> tuple[dict, dict]:
+    """One server (batching on) with ``server``'s --threads, --workers and --max-delay-ms (None: the server's
+    default): its capacity closed-loop, then each fraction of it open-loop; then, with the server stopped, the model
+    alone on the batch sizes the server ran at capacity. Also what the server says of its model."""
+    flags = [x for name, value in server.items() if value is not None
+             for x in (f"--{name.replace('_', '-')}", f"{value:g}")]
+    workers = server["workers"]
+    with serve_process(args.model, *flags, "--precision", args.precision, "--log-level", "warning") as url:
+        asyncio.run(all_workers_up(url, workers))
+        asyncio.run(load_round(url, reviews[:20], 4, workers))   # warm up
         n = max(args.requests, 3 * args.capacity_clients)
-        rounds = [asyncio.run(load_round(url, reviews[:n], args.capacity_clients)) for _ in range(args.rounds)]
+        rounds = [asyncio.run(load_round(url, reviews[:n], args.capacity_clients, workers))
+                  for _ in range(args.rounds)]
         capacity = summary(args.capacity_clients, rounds)
-        print(f"--threads {threads}, capacity: {json.dumps(capacity)}", flush=True)
+        print(f"{' '.join(flags)}, capacity: {json.dumps(capacity)}", flush=True)
         levels = []
         for k, fraction in enumerate(args.open_loop):
             level = asyncio.run(open_loop_round(url, reviews, fraction * capacity["requests_per_s"], args.seconds,
-                                                args.seed + k))
+                                                args.seed + k, workers))
             levels.append({"fraction": fraction, **level})
-            print(f"--threads {threads}, {fraction:.0%} of capacity: {json.dumps(levels[-1])}", flush=True)
+            print(f"{' '.join(flags)}, {fraction:.0%} of capacity: {json.dumps(levels[-1])}", flush=True)
         with urllib.request.urlopen(f"{url}/v1/model", timeout=60) as answer:
             info = json.load(answer)
     sizes = [size for r in rounds for size in r["recent_batches"]]
-    alone = model_alone(args.model, reviews, sizes, threads, args.precision, info["runtime"]["limits"])
-    return {"threads": threads, "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity,
-            "open_loop": levels, "model_alone": alone,
-            "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
+    alone = model_alone(args.model, reviews, sizes, server["threads"], args.precision, info["runtime"]["limits"],
+                        workers)
+    return {"server": " ".join(flags), "threads": server["threads"], "workers": workers,
+            "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
+            "model_alone": alone, "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
 
 
 def compute_reference(model: str, reviews: list[str], threads: int, limits: dict) -> dict:
@@ -339,18 +412,19 @@ def open_loop_markdown(result: dict) -> str:
              f"Command: `{result['command']}`", "",
              f"Model: {result['model']['id']} ({result['model']['parameters']:,} parameters, "
              f"max_len {result['model']['sizes']['max_len']}); single real IMDB test reviews; server limits "
-             f"{result['server_limits']}; {result['cpu_count']} CPUs ({result['cpu_model']}), flags: "
+             f"besides each server's own flags {result['server_limits']}; {result['cpu_count']} CPUs ({result['cpu_model']}), flags: "
              f"{', '.join(result['cpu_flags']) or 'none of note'}; load average before/after: "
              f"{result['load_before']} / {result['load_after']}.", ""]
     for r in result["runs"].values():
         c, alone = r["capacity"], r["model_alone"]
-        lines += [f"## --threads {r['threads']}, --max-delay-ms {r['max_delay_ms']:g}, precision {alone['precision']}",
-                  "",
+        together = f", in {alone['workers']} processes at once" if alone["workers"] > 1 else ""
+        window = "" if "--max-delay-ms" in r["server"] else f" (--max-delay-ms {r['max_delay_ms']:g})"
+        lines += [f"## {r['server']}{window}, precision {alone['precision']}", "",
                   f"Capacity (closed loop, {c['clients']} clients, {c['requests']} requests in {c['rounds']} rounds): "
                   f"**{c['requests_per_s']} reviews/s**, p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
                   f"{c['failures']} failures, mean batch {c['mean_batch']}. The model alone on the same "
-                  f"{alone['batches']} batches (mean {alone['mean_batch']} texts): {alone['reviews_per_s']} "
-                  f"reviews/s. Serving efficiency: **{r['efficiency']:.0%}**.", "",
+                  f"{alone['batches']} batches (mean {alone['mean_batch']} texts{together}): "
+                  f"{alone['reviews_per_s']} reviews/s. Serving efficiency: **{r['efficiency']:.0%}**.", "",
                   "| load | target/s | offered/s (drawn) | served/s | requests | p50 ms | p95 ms | p99 ms | failures "
                   "| mean batch | sender late, max ms | client CPU ms/request |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -405,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seconds", type=float, default=20.0, help="how long each open-loop level runs")
     g.add_argument("--max-delay-ms", type=float, nargs="+",
                    help="the server's --max-delay-ms, each in turn (default: the server's own default)")
+    g.add_argument("--workers", type=int, nargs="+", default=[1],
+                   help="the server's --workers, each in turn (the model-alone reference then runs as many "
+                        "processes at once)")
     g.add_argument("--precision", default="auto", help="the server's --precision (and the model-alone reference's)")
     return p
 
@@ -415,10 +492,9 @@ def main_open_loop(args: argparse.Namespace, argv: list[str] | None) -> int:
                              args.seed)
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs, server = {}, {}
-    for threads in args.threads:
-        for delay in args.max_delay_ms or [None]:
-            key = str(threads) if args.max_delay_ms is None else f"{threads}/{delay:g}ms"
-            runs[key], server = run_open_loop(args, threads, reviews, delay)
+    for threads, workers, delay in itertools.product(args.threads, args.workers, args.max_delay_ms or [None]):
+        run, server = run_open_loop(args, {"threads": threads, "workers": workers, "max_delay_ms": delay}, reviews)
+        runs[run["server"]] = run
     result = {"date": time.strftime("%Y-%m-%d %H:%M"),
               "command": "python -m experiments.serve_load " + " ".join(argv if argv is not None else sys.argv[1:]),
               "model": {k: server[k] for k in ("id", "parameters", "sizes")},

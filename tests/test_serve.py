@@ -382,6 +382,7 @@ def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
     (["--model", "{run}", "--max-delay-ms", "-1"], "--max-delay-ms must not be negative"),
     (["--model", "{run}", "--max-queue", "0"], "--max-queue must be positive"),
     (["--model", "{run}", "--port", "70000"], "--port must be between 0 and 65535"),
+    (["--model", "{run}", "--workers", "0"], "--workers must be at least 1"),
     (["--model", "{run}", "--host", "203.0.113.9"], "cannot listen on 203.0.113.9 port 8000"),
 ])
 def test_serve_command_errors_are_one_line_and_exit_2(args, message, trained_run, tmp_path, capsys):

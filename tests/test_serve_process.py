@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,31 @@ def test_real_server_answers_concurrent_clients_each_their_own(server):
     assert httpx.get(f"{server}/readyz").json()["status"] == "ready"
 
 
+def test_workers_share_the_port_and_a_dead_worker_is_replaced(trained_run):
+    def processes(url: str, tries: int = 40) -> set[int]:
+        # a fresh connection each time: the kernel hands each to one of the workers waiting on the socket
+        return {httpx.get(f"{url}/v1/model", headers={"Connection": "close"}).json()["runtime"]["process"]
+                for _ in range(tries)}
+
+    text = "A warm, funny and wonderfully acted film."
+    with serve_process(trained_run, "--threads", "1", "--workers", "2", "--log-level", "warning",
+                       "--precision", "fp32") as url:
+        workers: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:   # each worker loads the model once started
+            workers |= processes(url, 10)
+        assert len(workers) == 2
+        answer = httpx.post(f"{url}/v1/predict", json={"text": text}).json()["predictions"][0]
+        os.kill(min(workers), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (now := processes(url, 10)) - workers and time.monotonic() < deadline:
+            time.sleep(0.5)   # the supervisor checks its workers every half second, then loads the replacement
+        assert now - workers                                  # a new worker answers ...
+        assert processes(url) == {max(workers), *(now - workers)}   # ... beside the one that lived
+        again = httpx.post(f"{url}/v1/predict", json={"text": text}).json()["predictions"][0]
+        assert again["probabilities"] == pytest.approx(answer["probabilities"], abs=1e-6)
+
+
 def test_load_generator_records_every_mode_without_failures(trained_run, parquet_data, tmp_path):
     out = tmp_path / "serve_load"
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--requests", "12",
@@ -70,7 +97,7 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
                       "--open-loop", "0.5", "0.8", "--seconds", "1", "--requests", "16", "--rounds", "1",
                       "--capacity-clients", "4", "--precision", "fp32", "--max-delay-ms", "0", "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
-    run = result["runs"]["1/0ms"]
+    run = result["runs"]["--threads 1 --workers 1 --max-delay-ms 0"]
     assert run["threads"] == 1 and run["max_delay_ms"] == 0   # the server ran the window it was given
     assert run["capacity"]["failures"] == 0 and run["capacity"]["requests_per_s"] > 0
     assert [lv["fraction"] for lv in run["open_loop"]] == [0.5, 0.8]

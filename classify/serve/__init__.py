@@ -9,6 +9,7 @@
     metrics.py    GET /metrics (Prometheus): requests, errors, latency, queue depth, batch sizes, rejections
     app.py        the FastAPI application: routes, middleware, X-Model-Version, the worker's life cycle
     page.html     the web page at / (self-contained: no CDN, works on a closed network)
+    workers.py    --workers N: several server processes on one port (uvicorn's supervisor)
     __main__.py   the command: load the run, then uvicorn
 
 Needs the ``serve`` extra: ``pip install -e ".[serve]"``.

@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); the page, "
                                      f"/healthz, /readyz and /metrics stay open. Default: ${ENV_KEY}, which "
                                      f"keeps the key out of the process list")
+    g.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the port, each with its own copy of the model using --threads "
+                        "threads (a dead one is replaced). On a small CPU, one one-thread worker per core serves "
+                        "more than one worker using every core: see docs/serving.md. Each worker batches, "
+                        "bounds its queue and counts its metrics on its own")
     add_flags(p.add_argument_group("batching and limits"), Limits)
     return p
 
@@ -61,15 +66,17 @@ def exposure_warning(address: str, api_key: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    limits = from_args(Limits, args)
-    api_key = args.api_key or os.environ.get(ENV_KEY) or None
+    limits = from_args(Limits, args)   # checks the limits before anything starts
+    args.api_key = args.api_key or os.environ.get(ENV_KEY) or None
     if not 0 <= args.port <= 65535:
         raise ClassifyError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.workers < 1:
+        raise ClassifyError(f"--workers must be at least 1, got {args.workers}")
     try:
         import uvicorn
 
-        from .app import create_app
-        from .service import ModelService
+        from .app import model_app
+        from .workers import serve_workers
     except ImportError as err:
         raise ClassifyError(f"serving needs the serve extra ({err}): pip install -e '.[serve]'") from None
     # Bind first, and here rather than in uvicorn: a busy port is a one-line error (exit 2) before the
@@ -81,16 +88,20 @@ def main(argv: list[str] | None = None) -> int:
         raise ClassifyError(f"cannot listen on {args.host} port {args.port}: {err.strerror or err}") from None
     with sock:
         console = Console(stderr=True)
-        run = open_run(args.model, args, console)
-        app = create_app(ModelService(run, limits.max_batch, limits.max_batch_tokens), limits, api_key)
+        run = open_run(args.model, args, console)   # with --workers, only to check it: each worker loads its own
         host, port = sock.getsockname()[:2]
-        if warning := exposure_warning(host, api_key):
+        if warning := exposure_warning(host, args.api_key):
             console.print(warning, style="yellow", highlight=False, soft_wrap=True)
-        console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port} "
+        workers = f" with {args.workers} worker processes" if args.workers > 1 else ""
+        console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port}{workers} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
-        config = uvicorn.Config(app, log_level=args.log_level, access_log=args.access_log,
-                                timeout_keep_alive=limits.keep_alive_s)
-        uvicorn.Server(config).run(sockets=[sock])
+        options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": limits.keep_alive_s}
+        if args.workers == 1:
+            uvicorn.Server(uvicorn.Config(model_app(run, args), **options)).run(sockets=[sock])
+        else:
+            settings = {**vars(args), "model": str(run.path)}
+            del run
+            serve_workers(settings, sock, args.workers, **options)
     return 0
 
 

@@ -9,6 +9,8 @@ Middleware, outermost first: request metrics, the X-Model-Version header, the AP
 from __future__ import annotations
 
 import asyncio
+import os
+from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -18,8 +20,9 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..engine.config import from_args
 from ..explain import pieces
-from ..inference import TextResult
+from ..inference import LoadedRun, TextResult
 from .auth import BearerAuth
 from .errors import BodyLimit, UserError, error_response, install_handlers
 from .limits import Limits
@@ -73,6 +76,13 @@ def _check_read(results: list[TextResult]) -> None:
     raise UserError(f"{', '.join(f'texts[{i}]' for i in empty)} "
                     f"{'is' if len(empty) == 1 else 'are'} empty once HTML markup and spaces are removed; "
                     f"give a review in each")
+
+
+def model_app(run: LoadedRun, args: Namespace) -> FastAPI:
+    """The application for a loaded run and the command's parsed flags (the limits; ``api_key``, already
+    resolved from --api-key or the environment)."""
+    limits = from_args(Limits, args)
+    return create_app(ModelService(run, limits.max_batch, limits.max_batch_tokens), limits, args.api_key)
 
 
 def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | None = None) -> FastAPI:
@@ -144,7 +154,8 @@ def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | 
     @app.get("/v1/model", response_model=ModelInfo)
     async def model() -> ModelInfo:
         """The loaded run: its folder, sizes, training and test metrics; and how it is being served."""
-        runtime = {**service.run.backend.runtime, "limits": asdict(limits), "batches": asdict(batcher.stats)}
+        runtime = {**service.run.backend.runtime, "limits": asdict(limits), "batches": asdict(batcher.stats),
+                   "process": os.getpid()}   # with --workers, which worker answered (each batches on its own)
         return ModelInfo(**service.describe(), runtime=runtime)
 
     @app.get("/metrics", include_in_schema=False)

@@ -18,8 +18,11 @@ class Limits:
     max_batch_tokens: int = setting(2048, "padded tokens per forward pass: a batch runs as length buckets of at "
                                           "most this many (on a CPU, padding a short review to a long one costs "
                                           "more than batching saves)", check=positive)
-    max_delay_ms: float = setting(5.0, "how long the first request of a batch waits for others to join it "
-                                       "(0: no waiting for company)", check=non_negative)
+    max_delay_ms: float = setting(0.0, "how long the first request of a batch waits for others to join it, under "
+                                       "load. 0: never; a batch is whatever waited while the previous one ran, which "
+                                       "on a CPU served more requests, sooner, than a 5 ms wait "
+                                       "(experiments/RESULTS.md); a wait can pay where batching gains more, as on "
+                                       "a GPU", check=non_negative)
     max_body_mb: float = setting(10.0, "largest request body in MiB (larger: 413; a 5 MB review still fits, "
                                        "truncated)", check=positive)
     max_texts: int = setting(256, "most texts in one request", check=positive)

@@ -8,10 +8,14 @@ call (length-bucketed forward passes, ``inference.classify_texts``) and hands ea
 slice of the results. Requests that arrive while a batch runs join the next one; none waits more
 than ``max_delay`` for company. ``max_batch=1`` turns batching off (one request at a time).
 
-The window opens only under load: when the previous batch had a single text, the next one takes
-what is queued and runs at once. A lone client then pays no window (an always-open 5 ms window cut
-one client's requests/s by about 40%: experiments/RESULTS.md, "Serving load test"), while under load the batch that runs meanwhile gathers the
-company anyway and the window tops it up.
+The server's default window is 0: the worker never idles while a request waits, and a batch is
+whatever queued while the previous one ran, so the batch size follows the load by itself. On a CPU
+that served more requests, sooner, than a 5 ms window (experiments/RESULTS.md, "Serving: no wait for
+company"): with 32 clients each waiting for its answer, a window kept the worker idle while the
+answers of the batch before went out and the next requests came in. A window (``max_delay > 0``)
+opens only under load: when the previous batch had a single text, the next one takes what is
+queued and runs at once, so a lone client pays no window (an always-open 5 ms window cut one
+client's requests/s by about 40%: experiments/RESULTS.md, "Serving load test").
 
 Back-pressure: at most ``max_queue`` texts wait for the worker. A request that would go past it is
 refused at once (``Overloaded``, which the app answers 503 with Retry-After) instead of joining a
