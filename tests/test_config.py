@@ -21,7 +21,7 @@ from classify.serve.limits import Limits
 # Flags that say how to run a command, not what the run is (config.json does not store them); the server's say
 # what to serve and where.
 INVOCATION = {"help", "output", "resume", "overwrite", "quiet", "dist_timeout", "no_test", "layers",
-              "model", "host", "port", "log_level", "access_log", "api_key"}
+              "model", "host", "port", "workers", "log_level", "access_log", "api_key"}
 
 
 def seq2seq_train_parser() -> argparse.ArgumentParser:
