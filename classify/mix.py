@@ -9,6 +9,8 @@ the four numbers on validation texts of many lengths: whole reviews and short wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -22,22 +24,25 @@ def mix_features(lengths: Tensor) -> Tensor:
 
 
 def fit_mix(transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray, labels: list[int] | np.ndarray,
-            l2: float = 1e-3) -> np.ndarray:
-    """The mix (2 branches, 2 features) that minimises the cross-entropy of
+            l2: float = 1e-3, features_of: Callable[[Tensor], Tensor] = mix_features) -> np.ndarray:
+    """The mix (2 branches, F features) that minimises the cross-entropy of
     ``(features @ mix[0]) * transformer + (features @ mix[1]) * ngram`` on held-out texts, plus a small ``l2``
-    on the length slopes (they stay near zero when the texts' lengths say nothing).
+    on the length terms (they stay near zero when the texts' lengths say nothing). ``features_of``: lengths (N,)
+    -> (N, F), the first column 1 (``mix_features``; experiments try others).
 
-    transformer, ngram: (N, C) logits; lengths: (N,) tokens; N >= 1. Returns float64 (2, 2)."""
+    transformer, ngram: (N, C) logits; lengths: (N,) tokens; N >= 1. Returns float64 (2, F)."""
     logits = torch.stack([torch.as_tensor(transformer), torch.as_tensor(ngram)]).double()      # (2, N, C)
-    features = mix_features(torch.as_tensor(np.asarray(lengths))).double()                      # (N, 2)
+    features = features_of(torch.as_tensor(np.asarray(lengths))).double()                       # (N, F)
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
-    mix = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    mix = torch.zeros(2, features.shape[1], dtype=torch.float64)
+    mix[:, 0] = 1.0
+    mix.requires_grad_(True)
     solver = torch.optim.LBFGS([mix], lr=1.0, max_iter=500, line_search_fn="strong_wolfe")
 
     def loss() -> Tensor:
         solver.zero_grad()
         weights = features @ mix.T                                                               # (N, 2)
-        value = F.cross_entropy(torch.einsum("nk,knc->nc", weights, logits), y) + l2 * mix[:, 1].square().sum()
+        value = F.cross_entropy(torch.einsum("nk,knc->nc", weights, logits), y) + l2 * mix[:, 1:].square().sum()
         value.backward()
         return value
 
@@ -45,7 +50,8 @@ def fit_mix(transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray, lab
     return mix.detach().numpy()
 
 
-def mixed_logits(mix: np.ndarray, transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def mixed_logits(mix: np.ndarray, transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray,
+                 features_of: Callable[[Tensor], Tensor] = mix_features) -> np.ndarray:
     """What ``Classifier`` computes from its branches' logits, in NumPy: (N, C)."""
-    weights = mix_features(torch.as_tensor(np.asarray(lengths))).double().numpy() @ np.asarray(mix).T   # (N, 2)
+    weights = features_of(torch.as_tensor(np.asarray(lengths))).double().numpy() @ np.asarray(mix).T   # (N, 2)
     return weights[:, :1] * transformer + weights[:, 1:] * ngram

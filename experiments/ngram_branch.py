@@ -27,10 +27,10 @@ Each variant costs 1-4 minutes on one core (features, liblinear; tokenizing once
 
 ``--folds K`` cross-validates the variants instead, for choices that one 2,500-review validation split is too
 noisy to make (its standard error is about half a point): all 25,000 training reviews in K folds grouped by movie
-(``classify.text.review_groups``); each fold is held out once, the variants fitted on the others (the lexicon and
-the negation edits too: from those reviews only) and scored on the held-out fold's whole reviews and on the edits
-cut from them. Reported: the mean over folds and each variant's paired difference from the first, with its
-standard error over folds. The test split and the suite are not read at all. Folds run ``--threads`` at a time,
+(``classify.text.review_groups``) and stratified by label; each fold is held out once, the variants fitted on the
+others (the lexicon and the negation edits too: from those reviews only) and scored on the held-out fold's whole
+reviews and on the edits cut from them. Reported: the mean over folds and each variant's paired difference from
+the first, with its standard error over folds. The test split and the suite are not read at all. Folds run ``--threads`` at a time,
 in processes of their own:
 
     python -m experiments.ngram_branch --data ../shared/imdb --folds 5 --threads 2 --record \
@@ -99,13 +99,14 @@ def _bag(v: dict, tokenizer) -> NgramBag:
 def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float) -> list[dict]:
     """Fold ``fold`` of ``folds`` held out: each variant fitted on the other folds' reviews (and their edits), scored
     on the held-out reviews and their edits. Runs in a process of its own (one core: liblinear is serial)."""
-    from sklearn.model_selection import GroupKFold
+    from sklearn.model_selection import StratifiedGroupKFold
 
     torch.set_num_threads(1)
     full = load_split(data, "train")
     texts = [normalize(t) for t in full.texts]
     groups, _ = review_groups(full.texts, full.labels)
-    fit_idx, held_idx = list(GroupKFold(folds).split(texts, full.labels, groups))[fold]
+    # Stratified: a movie's reviews (a group) may all share one label, and folds must hold both labels.
+    fit_idx, held_idx = list(StratifiedGroupKFold(folds).split(texts, full.labels, groups))[fold]
     fit, held = full.subset(list(fit_idx)), full.subset(list(held_idx))
     lexicon = Lexicon.fit([texts[i] for i in fit_idx], fit.labels)
     edits, held_edits = (Examples(*negation_pairs([texts[i] for i in idx], split.labels, lexicon))

@@ -155,6 +155,20 @@ def test_ngram_branch_scores_each_variant_alone(unlabelled_data, tmp_path):
     assert f"| 1,009 | {rows[1]['vocab']} | 64 | 600 unlabelled |" in table
 
 
+def test_ngram_branch_cross_validates_each_variant_over_grouped_folds(unlabelled_data, tmp_path):
+    from experiments.ngram_branch import main as branch_main
+
+    argv = ["--data", str(unlabelled_data), "--folds", "2", "--threads", "2", "--variants",
+            "vocab=200,len=64,buckets=1009", "vocab=200,len=64,buckets=1009,neg=3,edits=10", "--results", str(tmp_path)]
+    assert branch_main(argv) == 0
+    rows = json.loads((tmp_path / "ngram_branch_cv.json").read_text())["rows"]
+    assert [len(r["folds"]) for r in rows] == [2, 2] and rows[0]["difference"] == 0
+    for r in rows:   # every training review held out exactly once
+        assert sum(f["reviews"] for f in r["folds"]) == 400 and 0.5 < r["accuracy"] <= 1
+        assert r["accuracy"] == pytest.approx(sum(f["accuracy"] for f in r["folds"]) / 2)
+    assert "test_accuracy" not in rows[0] and "| 0.1 |" in (tmp_path / "ngram_branch_cv.md").read_text()
+
+
 def test_ngram_branch_variants_are_checked():
     from experiments.ngram_branch import PLAIN, parse_variant
 
@@ -177,3 +191,14 @@ def test_behaviour_tables_every_system_of_every_run(trained_run, counterfactual_
     table = (tmp_path / "behaviour.md").read_text()
     rate = systems["model"]["capabilities"]["negated positive"]["failure_rate"]
     assert f"| negated positive (mft, 200) | {100 * rate:.1f}% |" in table and "| counterfactual revised |" in table
+
+
+def test_mix_forms_refits_the_mix_on_the_runs_own_validation_texts(trained_run, tmp_path):
+    from experiments.mix_forms import main as forms_main
+
+    assert forms_main(["--runs", str(trained_run), "--results", str(tmp_path)]) == 0
+    systems = json.loads((tmp_path / "mix_forms.json").read_text())["runs"][str(trained_run)]
+    assert list(systems) == ["transformer", "ngram", "mix, log", "mix, hinge", "mix, split",
+                             "mix, log, fitted without the joins", "mix, log, fitted on reviews alone"]
+    assert all(0 <= v <= 1 for s in systems.values() for v in s.values() if v is not None)
+    assert systems["mix, log, fitted on reviews alone"]["short"] is None   # scored on reviews only

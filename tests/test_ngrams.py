@@ -191,6 +191,24 @@ def test_fit_mix_finds_the_length_dependent_weights_that_generated_the_labels():
     assert w[1, 1] / w[1, 0] > 2 * w[0, 1] / w[0, 0]
 
 
+def test_fit_mix_takes_another_basis_of_length_features():
+    """Two lines in log-length, one for texts up to 64 tokens and one past them: the weights are found again."""
+    def split(lengths):
+        base = mix_features(lengths)
+        return torch.cat([base, base * (lengths > 64).to(base.dtype)[:, None]], dim=-1)
+
+    rng = np.random.default_rng(2)
+    n = 8000
+    parts = rng.normal(size=(2, n, 2)).astype(np.float32)
+    lengths = np.exp(rng.uniform(np.log(3), np.log(500), size=n)).astype(int)   # as many short texts as long
+    true = np.array([[1.5, -0.1, -1.0, 0.1], [0.2, 0.1, 0.5, 0.0]])
+    mixed = mixed_logits(true, parts[0], parts[1], lengths, split)
+    labels = (rng.random(n) < 1 / (1 + np.exp(-(mixed[:, 1] - mixed[:, 0])))).astype(int).tolist()
+    mix = fit_mix(parts[0], parts[1], lengths, labels, l2=0.0, features_of=split)
+    at = split(torch.tensor([8, 30, 100, 300])).double().numpy()
+    assert mix.shape == (2, 4) and np.abs(at @ mix.T - at @ true.T).max() < 0.25, (at @ mix.T, at @ true.T)
+
+
 def test_a_mix_saved_before_it_depended_on_length_loads_as_constant_weights(tmp_path):
     model = branch_model()
     state = files.model_state(model)

@@ -95,7 +95,8 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
     out = tmp_path / "open_loop"
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--threads", "1",
                       "--open-loop", "0.5", "0.8", "--seconds", "1", "--requests", "16", "--rounds", "1",
-                      "--capacity-clients", "4", "--precision", "fp32", "--max-delay-ms", "0", "--output", str(out)]) == 0
+                      "--capacity-clients", "4", "--precision", "fp32", "--max-delay-ms", "0",
+                      "--output", str(out)]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     run = result["runs"]["--threads 1 --workers 1 --max-delay-ms 0"]
     assert run["threads"] == 1 and run["max_delay_ms"] == 0   # the server ran the window it was given

@@ -48,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      f"keeps the key out of the process list")
     g.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the port, each with its own copy of the model using --threads "
-                        "threads (a dead one is replaced). On a small CPU, one one-thread worker per core serves "
-                        "more than one worker using every core: see docs/serving.md. Each worker batches, "
-                        "bounds its queue and counts its metrics on its own")
+                        "threads (a dead one is replaced): one-thread workers keep each model on a core of its own "
+                        "(docs/serving.md says what was measured). Each worker batches, bounds its queue and "
+                        "counts its metrics on its own")
     add_flags(p.add_argument_group("batching and limits"), Limits)
     return p
 
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         workers = f" with {args.workers} worker processes" if args.workers > 1 else ""
         console.print(f"listening on http://{f'[{host}]' if family == socket.AF_INET6 else host}:{port}{workers} "
                       f"(the page at /, API docs at /docs; Ctrl+C stops)", highlight=False, soft_wrap=True)
-        options = {"log_level": args.log_level, "access_log": args.access_log, "timeout_keep_alive": limits.keep_alive_s}
+        options = {"log_level": args.log_level, "access_log": args.access_log,
+                   "timeout_keep_alive": limits.keep_alive_s}
         if args.workers == 1:
             uvicorn.Server(uvicorn.Config(model_app(run, args), **options)).run(sockets=[sock])
         else:

@@ -1,0 +1,155 @@
+"""How well the mix's form fits both short and long texts, on a run's own validation texts (no test, no suite).
+
+    python -m experiments.mix_forms --runs runs/imdb-v11 runs/imdb-v12 --threads 2 --record
+
+``classify.train`` fits the mix of the transformer and the n-gram branch on validation texts of every length
+(whole reviews, closing sentences, negation edits, contrast joins), each branch's weight linear in 1 and the log
+of the length (``classify.mix.mix_features``). On whole reviews the mix can then fall below the branch alone.
+This experiment rebuilds a run's validation texts exactly as its training did (its config.json; the branch's
+held-out logits from the run folder; the transformer's from its weights), and compares forms of the mix, each
+fitted on one half of the validation texts and scored on the other, both ways round (2-fold cross-fitting,
+halves drawn by whole review: a review and the texts cut from it stay together):
+
+* ``log``: 1 and log(length), as shipped;
+* ``hinge``: also max(0, log(length) - log(64)), so that texts longer than 64 tokens get a slope of their own;
+* ``split``: 1 and log(length) twice, the second pair for texts longer than 64 tokens only: a line of its own;
+* ``log`` fitted without the contrast joins (scored on every group);
+* for scale, ``log`` fitted on the whole reviews alone and scored on them: the best a mix of this kind does there.
+
+Reported per group: the transformer alone, the branch alone and each mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from classify.engine.config import runtime
+from classify.engine.runfolder import RunFolder
+from classify.evaluate import run_training_split
+from classify.inference import KIND, load_run
+from classify.mix import fit_mix, mix_features, mixed_logits
+from classify.text.prepare import Preprocessing
+from classify.text.tokenize import token_ids
+from classify.text.windows import SENTENCE_ENDS
+from classify.train import TrainConfig, Validation, rule_made_examples, transformer_logits
+
+from . import add_results_args, results_folder
+from .trainruns import experiment_meta, write_results
+
+HINGE_AT = 64   # tokens: closing sentences, edits and joins are shorter; nearly every review is longer
+
+
+def hinge_features(lengths: Tensor) -> Tensor:
+    """(B,) -> (B, 3): 1, log(length) and max(0, log(length) - log(HINGE_AT))."""
+    base = mix_features(lengths)
+    return torch.cat([base, (base[:, 1:] - math.log(HINGE_AT)).clamp(min=0)], dim=-1)
+
+
+def split_features(lengths: Tensor) -> Tensor:
+    """(B,) -> (B, 4): 1 and log(length), and both again for texts longer than HINGE_AT: two separate lines."""
+    base = mix_features(lengths)
+    return torch.cat([base, base * (lengths > HINGE_AT).to(base.dtype)[:, None]], dim=-1)
+
+
+FORMS = {"log": mix_features, "hinge": hinge_features, "split": split_features}
+
+
+def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray]:
+    """The run's validation texts as its training built them, with the branch's held-out logits, and the
+    transformer's logits for them; also (N,) the index of the review each text comes from."""
+    run = load_run(path, device, dtype)
+    train_config = run.config["train"]
+    config = TrainConfig(**{k: v for k, v in train_config.items() if k in TrainConfig.__dataclass_fields__})
+    train, val = run_training_split(run.config, None)
+    _, val_made = rule_made_examples(config, train, val)
+    tokenizer = run.tokenizer
+    encode = Preprocessing(tokenizer, run.backend.model.config.max_len, run.truncation).ids
+    ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
+    validation = Validation.build(encode(val.texts), val.labels, ends,
+                                  {name: (encode(t.texts), t.labels) for name, t in val_made.items()})
+    validation.ngram = RunFolder(run.path, KIND).branch_validation(len(validation.ids), len(run.labels))
+    if validation.ngram is None:
+        raise SystemExit(f"{path} has no branch_validation.json: it was trained without the n-gram branch")
+    logits = transformer_logits(run.backend.model, validation.ids, device, dtype, 64, shard=False)
+    return validation, logits
+
+
+def halves(validation: Validation, seed: int = 0) -> np.ndarray:
+    """(N,) 0 or 1 per text: reviews drawn into two halves at random; the texts cut from a review go with it
+    where the data says which review that is (closing sentences: the same order as the reviews), the rule-made
+    texts by their own draw (they come in pairs, sentence and edit, kept together)."""
+    rng = np.random.default_rng(seed)
+    reviews = int((validation.group == 0).sum())
+    review_half = rng.integers(2, size=reviews)
+    half = np.empty(len(validation.ids), dtype=np.int64)
+    half[validation.group == 0] = review_half
+    short = np.flatnonzero(validation.group == 1)
+    half[short] = review_half[: len(short)]
+    rest = np.flatnonzero(validation.group > 1)
+    half[rest] = np.repeat(rng.integers(2, size=(len(rest) + 1) // 2), 2)[: len(rest)]
+    return half
+
+
+def compare(validation: Validation, transformer: np.ndarray) -> dict[str, dict[str, float]]:
+    y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
+    half = halves(validation)
+    systems = {"transformer": transformer.argmax(1), "ngram": ngram.argmax(1)}
+    for name, features_of in FORMS.items():
+        predicted = np.empty(len(y), dtype=np.int64)
+        for k in (0, 1):
+            fit, score = half != k, half == k
+            mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit], features_of=features_of)
+            predicted[score] = mixed_logits(mix, transformer[score], ngram[score], lengths[score],
+                                            features_of).argmax(1)
+        systems[f"mix, {name}"] = predicted
+    # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
+    # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
+    for name, fitted_on in (("without the joins", validation.group != Validation.GROUPS.index("join")),
+                            ("on reviews alone", validation.group == 0)):
+        predicted = np.full(len(y), -1, dtype=np.int64)
+        for k in (0, 1):
+            fit = (half != k) & fitted_on
+            score = (half == k) & (fitted_on if name == "on reviews alone" else True)
+            mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit])
+            predicted[score] = mixed_logits(mix, transformer[score], ngram[score], lengths[score]).argmax(1)
+        systems[f"mix, log, fitted {name}"] = predicted
+    return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
+                     for g, group in enumerate(Validation.GROUPS) if (rows := validation.group == g).any()}
+            for system, p in systems.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.mix_forms", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, help="run folders trained with the n-gram branch")
+    p.add_argument("--threads", type=int, default=None)
+    add_results_args(p, "mix_forms.json and .md")
+    args = p.parse_args(argv)
+    device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
+    results = {}
+    for path in args.runs:
+        with torch.inference_mode():
+            validation, logits = validation_of(path, device, dtype)
+        results[path] = compare(validation, logits)
+        print(path, results[path], flush=True)
+    meta = experiment_meta("experiments.mix_forms", argv if argv is not None else sys.argv[1:])
+    groups = list(next(iter(results.values()))["ngram"])
+    lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only: each mix fitted on one half of a "
+             f"run's validation texts and scored on the other, both ways round. Accuracy per group.", "",
+             f"| run | system | {' | '.join(groups)} |", "|---|---|" + "---|" * len(groups)]
+    for path, systems in results.items():
+        for system, scores in systems.items():
+            lines.append(f"| {path} | {system} | "
+                         + " | ".join("-" if scores[g] is None else f"{scores[g]:.2%}" for g in groups) + " |")
+    write_results(results_folder(args), "mix_forms", {"meta": meta, "runs": results}, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
