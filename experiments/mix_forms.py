@@ -96,29 +96,31 @@ def halves(validation: Validation, seed: int = 0) -> np.ndarray:
     return half
 
 
-def compare(validation: Validation, transformer: np.ndarray) -> dict[str, dict[str, float]]:
+def compare(validation: Validation, transformer: np.ndarray) -> dict[str, dict[str, float | None]]:
     y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
     half = halves(validation)
-    systems = {"transformer": transformer.argmax(1), "ngram": ngram.argmax(1)}
-    for name, features_of in FORMS.items():
-        predicted = np.empty(len(y), dtype=np.int64)
+    everything = np.ones(len(y), dtype=bool)
+
+    def cross_fitted(features_of, fitted_on: np.ndarray, scored_on: np.ndarray) -> np.ndarray:
+        """(N,) the class each text gets from the mix fitted on the other half's ``fitted_on`` texts; -1 where
+        not ``scored_on``."""
+        predicted = np.full(len(y), -1, dtype=np.int64)
         for k in (0, 1):
-            fit, score = half != k, half == k
+            fit, score = (half != k) & fitted_on, (half == k) & scored_on
             mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit], features_of=features_of)
             predicted[score] = mixed_logits(mix, transformer[score], ngram[score], lengths[score],
                                             features_of).argmax(1)
-        systems[f"mix, {name}"] = predicted
+        return predicted
+
+    systems = {"transformer": transformer.argmax(1), "ngram": ngram.argmax(1)}
+    systems.update({f"mix, {name}": cross_fitted(features_of, everything, everything)
+                    for name, features_of in FORMS.items()})
     # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
     # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
-    for name, fitted_on in (("without the joins", validation.group != Validation.GROUPS.index("join")),
-                            ("on reviews alone", validation.group == 0)):
-        predicted = np.full(len(y), -1, dtype=np.int64)
-        for k in (0, 1):
-            fit = (half != k) & fitted_on
-            score = (half == k) & (fitted_on if name == "on reviews alone" else True)
-            mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit])
-            predicted[score] = mixed_logits(mix, transformer[score], ngram[score], lengths[score]).argmax(1)
-        systems[f"mix, log, fitted {name}"] = predicted
+    reviews = validation.group == 0
+    systems["mix, log, fitted without the joins"] = cross_fitted(
+        mix_features, validation.group != Validation.GROUPS.index("join"), everything)
+    systems["mix, log, fitted on reviews alone"] = cross_fitted(mix_features, reviews, reviews)
     return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
                      for g, group in enumerate(Validation.GROUPS) if (rows := validation.group == g).any()}
             for system, p in systems.items()}
