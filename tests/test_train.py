@@ -291,6 +291,28 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
         RunFolder(out, "classifier").branch_validation(2 * len(val), 2)
 
 
+def test_the_teacher_and_the_kept_branch_weigh_the_negation_edits_each_by_its_own_flag(unlabelled_data, tmp_path):
+    def run(teacher: str, branch: str) -> dict:
+        out = tmp_path / f"{teacher}-{branch}"
+        assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test",
+                     "--teacher-edit-weight", teacher, "--negation-edit-weight", branch, *TINY_MODEL_ARGS]) == 0
+        folder = RunFolder(out, "classifier")
+        return {"teacher": json.loads((out / "pseudo_labels.json").read_text())["teacher"],
+                "labels": folder.pseudo_labels(2), "held_out": folder.branch_validation(
+                    json.loads((out / "branch_validation.json").read_text())["count"], 2),
+                "branch": load_tensors(out / "model.safetensors")["ngram.weight"]}
+
+    both, teacher_only, branch_only = run("0.5", "0.05"), run("0.5", "0.5"), run("0.05", "0.05")
+    assert (both["teacher"], teacher_only["teacher"]) == ("n-gram teacher", "n-gram branch, first fit")
+    # The unlabelled reviews' labels come from the fit at the teacher's weight ...
+    np.testing.assert_array_equal(both["labels"], teacher_only["labels"])
+    assert not np.allclose(both["labels"], branch_only["labels"])   # (the weight matters on this data)
+    # ... the branch's held-out logits and the branch the model keeps from the fits at the branch's.
+    np.testing.assert_array_equal(both["held_out"], branch_only["held_out"])
+    torch.testing.assert_close(both["branch"], branch_only["branch"], rtol=0, atol=0)
+    assert not torch.equal(both["branch"], teacher_only["branch"])
+
+
 def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "2", "--no-test", *TINY_MODEL_ARGS]
@@ -339,7 +361,9 @@ def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data,
             "val_mixed_join_accuracy"} <= set(record)
     held_out = json.loads((out / "branch_validation.json").read_text())
     assert held_out["count"] == 160 + 160 + len(val_edits) + len(val_joins)
-    assert json.loads((out / "config.json").read_text())["train"]["negation_edit_weight"] == 0.1
+    assert {k: json.loads((out / "config.json").read_text())["train"][k]
+            for k in ("negation_edit_weight", "teacher_edit_weight")} == {"negation_edit_weight": 0.01,
+                                                                          "teacher_edit_weight": 0.1}
     # Without the flags, none: the run is the one before rule-made texts.
     plain = tmp_path / "plain"
     assert main(["--data", str(parquet_data), "--output", str(plain), "--epochs", "1", "--no-test",
