@@ -17,12 +17,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import Decoder, Embedding, Encoder, KVCache, causal_mask, combine_masks, padding_mask
+from .core import (Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
+                   padding_mask)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
 
 __all__ = ["ClassifierConfig", "Classifier", "BranchLogits", "RECIPE", "TransformerConfig", "Transformer"]
 
+
+# How the classifier turns its token vectors into one: their mean, their maximum, the first one, or a weighted mean
+# whose weights a learned query gives (``Classifier.pool``).
+POOLINGS = ("mean", "max", "first", "attention")
 
 # Fields of either config that count something and must be positive.
 _SIZES = ("vocab_size", "src_vocab_size", "tgt_vocab_size", "num_classes", "d_model", "num_heads", "num_layers",
@@ -92,7 +97,7 @@ class ClassifierConfig(_Config):
     max_len: int = 512
     dropout: float = 0.1
     pad_id: int = 0
-    pooling: str = "mean"          # "mean" | "max" | "first" (over real tokens only)
+    pooling: str = "mean"          # "mean" | "max" | "first" | "attention" (over real tokens only)
     positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani)
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
@@ -109,8 +114,8 @@ class ClassifierConfig(_Config):
 
     def validate(self) -> None:
         super().validate()
-        if self.pooling not in ("mean", "max", "first"):
-            raise ValueError(f"pooling must be 'mean', 'max' or 'first', got {self.pooling!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {self.pooling!r}")
         counts = (self.ngram_orders, self.ngram_head, self.ngram_tail, self.ngram_negation)
         if min(counts) < 0 or self.ngram_buckets < 1:
             raise ValueError(f"ngram_orders, ngram_head, ngram_tail and ngram_negation must be >= 0 and "
@@ -164,8 +169,15 @@ class Classifier(nn.Module):
         self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first,
                                c.attention_dropout)
+        # Attention pooling: one learned query attends over the token vectors with the encoder's own attention, so
+        # a verdict can outweigh the rest of a text (mean pooling gives every token the same say).
+        self.pool_attention = (MultiHeadAttention(c.d_model, c.num_heads, c.dropout if c.attention_dropout is None
+                                                  else c.attention_dropout)
+                               if c.pooling == "attention" else None)
         self.head = nn.Linear(c.d_model, c.num_classes)
         _init_weights(self)
+        # A zero query weighs every real token alike: attention pooling starts as mean pooling (of the values).
+        self.pool_query = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pooling == "attention" else None
         # After the Xavier initialisation: the bag starts at zero and is fitted, not trained.
         self.ngram = ngram_branch(c) if c.ngram_orders else None
         if self.ngram is not None:
@@ -217,6 +229,10 @@ class Classifier(nn.Module):
         """hidden (B, T, D) -> (B, D), pooling over real tokens only (unless ``mask_padding`` is off)."""
         if self.config.pooling == "first":
             return hidden[:, 0]
+        if self.config.pooling == "attention":
+            mask = padding_mask(tokens, self.config.pad_id) if self.config.mask_padding else None   # (B, 1, 1, T)
+            query = self.pool_query.expand(len(hidden), -1, -1).to(hidden.dtype)                   # (B, 1, D)
+            return self.pool_attention(query, hidden, hidden, mask)[0][:, 0]
         if self.config.mask_padding:
             real = (tokens != self.config.pad_id).unsqueeze(-1)  # (B, T, 1)
         else:

@@ -59,11 +59,13 @@ def test_invalid_sizes_rejected():
 
 
 # ------------------------------------------------------------------------- classifier
-@pytest.mark.parametrize("pooling", ["mean", "max", "first"])
+@pytest.mark.parametrize("pooling", ["mean", "max", "first", "attention"])
 def test_padding_does_not_change_classifier_logits(pooling):
     torch.manual_seed(0)
     model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=40,
                        pooling=pooling).eval()
+    if pooling == "attention":   # a query that prefers some tokens (zero weighs them all alike)
+        nn.init.normal_(model.pool_query, std=1.0)
     tokens = torch.randint(1, 50, (1, 7))
     alone = model(tokens)
     padded = torch.cat([tokens, torch.zeros(1, 9, dtype=torch.long)], dim=1)
@@ -71,6 +73,26 @@ def test_padding_does_not_change_classifier_logits(pooling):
     other = torch.randint(1, 50, (1, 16))
     batch = torch.cat([padded, other])
     torch.testing.assert_close(model(batch)[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_pooling_starts_as_the_mean_and_its_query_weighs_the_tokens():
+    torch.manual_seed(0)
+    model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=64, pooling="attention").eval()
+    tokens = torch.tensor([[5, 6, 7, 8, 0, 0]])
+    hidden = model.encode(tokens)[:, :4]                        # the real tokens' vectors (1, 4, D)
+    attention = model.pool_attention
+    d = model.config.d_model
+    values = hidden @ attention.in_proj.weight[2 * d:].T + attention.in_proj.bias[2 * d:]
+    # A zero query (as initialised) gives every real token the same weight: the mean of their values.
+    torch.testing.assert_close(model.pool(model.encode(tokens), tokens), attention.out_proj(values.mean(1)))
+    # A learned query does not: the pooled vector is then a weighted mean, which the attention weights give.
+    nn.init.normal_(model.pool_query, std=1.0)
+    query = model.pool_query
+    _, weights = attention(query, hidden, hidden, need_weights=True)    # (1, H, 1, 4)
+    assert not torch.allclose(weights, torch.full_like(weights, 0.25))
+    torch.testing.assert_close(model.pool(model.encode(tokens), tokens), attention(query, hidden, hidden)[0][:, 0])
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        Classifier(vocab_size=50, pooling="median")
 
 
 def test_without_padding_mask_padding_changes_logits():

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..errors import ClassifyError
+from ..models import POOLINGS
 from ..text.tokenize import KINDS, TRUNCATIONS
 from .device import PRECISIONS, autocast_dtype, resolve_device
 from .optim import SCHEDULES
@@ -97,7 +98,8 @@ MODEL_SETTINGS = {
     "dropout": Setting("dropout rate"),
     "attention_dropout": Setting("dropout on attention weights (unset: --dropout); 0 trains 1.4-2.7x faster on "
                                  "CPU, where SDPA with dropout cannot use its fused kernel"),
-    "pooling": Setting("how token vectors become one", choices=("mean", "max", "first")),
+    "pooling": Setting("how token vectors become one: their mean, maximum, the first, or attention (a learned "
+                       "query weighs them)", choices=POOLINGS),
     "positional": Setting("position encoding", choices=("learned", "sinusoidal")),
     "norm_first": Setting("pre-LayerNorm blocks; --no-norm-first gives post-LN blocks (Bloem / the original paper)",
                           sets={"--post-ln": False}),
