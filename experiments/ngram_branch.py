@@ -18,6 +18,10 @@ comma-separated list of changes to plain 1-3-grams in 4,194,301 slots (an empty 
 * ``edits=P``: also fitted on negation edits of the training reviews' sentences and those sentences
   (``--negation-edits``, ``classify.text.edits``), each counting P/100 of a review (``--negation-edit-weight``).
   Validation then also scores the edits cut from the validation reviews (the "val edits" column).
+* ``cf=P`` (with ``--folds`` and ``--counterfactual``): also fitted on the counterfactual pairs, both texts, each
+  counting P/100 of a review (``classify.train --counterfactual`` fits them at 1): those outside the held-out
+  quarter whose original is not a held-out review. Each fold also scores the held-out quarter's revised texts,
+  the edited reviews the issue's contrast set stands for.
 
 Beside validation and test accuracy, each variant's failure rates on the behavioural suite's labelled sentences
 (``classify.behaviour``; all of them, and the negated positives and negatives): the suite is only scored, never
@@ -51,6 +55,7 @@ import torch
 from classify.behaviour import build_suite, score, suite_texts, summary
 from classify.text.prepare import Preprocessing
 from classify.ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
+from classify.text.counterfactual import load_pairs
 from classify.text.data import Examples, load_split, normalize, training_split
 from classify.text.review_groups import review_groups
 from classify.text.edits import Lexicon, negation_pairs
@@ -61,7 +66,7 @@ from .trainruns import experiment_meta, write_results
 
 ORDERS = 3
 PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
-         "neg": 0, "edits": 0}
+         "neg": 0, "edits": 0, "cf": 0}
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
                     "len=100000", "vocab=200000", "skip,head=30,tail=60,buckets=16777259,neg=4")
@@ -74,7 +79,7 @@ def parse_variant(text: str) -> dict:
         key, _, value = part.partition("=")
         if key not in PLAIN or (value == "") != isinstance(PLAIN[key], bool) or (value and not value.isdigit()):
             raise argparse.ArgumentTypeError(f"a variant is a comma-separated list of skip, self, head=N, tail=N, "
-                                             f"buckets=N, vocab=N, len=N, neg=N, edits=P; got {text!r}")
+                                             f"buckets=N, vocab=N, len=N, neg=N, edits=P, cf=P; got {text!r}")
         variant[key] = True if value == "" else int(value)
     return variant
 
@@ -96,9 +101,11 @@ def _bag(v: dict, tokenizer) -> NgramBag:
                     tuple(token_ids(tokenizer, NEGATORS)), tuple(token_ids(tokenizer, CLAUSE_BREAKS)))
 
 
-def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float) -> list[dict]:
-    """Fold ``fold`` of ``folds`` held out: each variant fitted on the other folds' reviews (and their edits), scored
-    on the held-out reviews and their edits. Runs in a process of its own (one core: liblinear is serial)."""
+def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float,
+                counterfactual: str | None = None) -> list[dict]:
+    """Fold ``fold`` of ``folds`` held out: each variant fitted on the other folds' reviews (and their edits, and
+    the counterfactual pairs), scored on the held-out reviews and their edits (and the held-out quarter's revised
+    reviews). Runs in a process of its own (one core: liblinear is serial)."""
     from sklearn.model_selection import StratifiedGroupKFold
 
     torch.set_num_threads(1)
@@ -111,50 +118,71 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
     lexicon = Lexicon.fit([texts[i] for i in fit_idx], fit.labels)
     edits, held_edits = (Examples(*negation_pairs([texts[i] for i in idx], split.labels, lexicon))
                          for idx, split in ((fit_idx, fit), (held_idx, held)))
+    # The pairs train.py would fit: not the held-out quarter, and none whose original is a held-out review (its
+    # revision would be the held-out review with the other label).
+    pairs = Examples([], [])
+    revised = Examples([], [])
+    if counterfactual:
+        held_texts = {texts[i] for i in held_idx}
+        kept = load_pairs(counterfactual, held_out=False)
+        keep = [i for i, t in enumerate(kept.original.texts) if normalize(t) not in held_texts]
+        pairs = Examples([kept.original.texts[i] for i in keep] + [kept.revised.texts[i] for i in keep],
+                         [kept.original.labels[i] for i in keep] + [kept.revised.labels[i] for i in keep])
+        revised = load_pairs(counterfactual, held_out=True).revised
     tokenizers, encoded, out = {}, {}, []
     for v in variants:
         if v["vocab"] not in tokenizers:
             tokenizers[v["vocab"]] = train_tokenizer([texts[i] for i in fit_idx], v["vocab"], "word")
         if (v["vocab"], v["len"]) not in encoded:   # each vocabulary and cut tokenized once
             prepare = Preprocessing(tokenizers[v["vocab"]], v["len"], "head+tail")
-            encoded[v["vocab"], v["len"]] = [prepare.ids(x.texts) for x in (fit, edits, held, held_edits)]
-        fit_ids, edit_ids, held_ids, held_edit_ids = encoded[v["vocab"], v["len"]]
+            encoded[v["vocab"], v["len"]] = [prepare.ids(x.texts) for x in (fit, edits, pairs, held, held_edits,
+                                                                             revised)]
+        fit_ids, edit_ids, pair_ids, held_ids, held_edit_ids, revised_ids = encoded[v["vocab"], v["len"]]
         bag = _bag(v, tokenizers[v["vocab"]])
-        use_edits = bool(v["edits"])
-        weights = np.repeat([1.0, v["edits"] / 100], [len(fit), len(edits.texts) if use_edits else 0])
-        self_train_ngram_bag(bag, fit_ids + (edit_ids if use_edits else []),
-                             fit.labels + (edits.labels if use_edits else []), [], c, weights=weights)
+        parts = [(fit_ids, fit.labels, 1.0), (edit_ids, edits.labels, v["edits"] / 100),
+                 (pair_ids, pairs.labels, v["cf"] / 100)]
+        parts = [(ids, labels, weight) for ids, labels, weight in parts if weight]
+        self_train_ngram_bag(bag, [x for ids, _, _ in parts for x in ids],
+                             [y for _, labels, _ in parts for y in labels], [], c,
+                             weights=np.concatenate([np.full(len(ids), w) for ids, _, w in parts]))
         out.append({"fold": fold, "features": describe(bag.kinds, bag.negation), "reviews": len(held),
-                    "edits": len(held_edits.texts), "accuracy": accuracy(bag, held_ids, held.labels),
-                    "edit_accuracy": accuracy(bag, held_edit_ids, held_edits.labels)})
-        print(f"fold {fold}, edits {v['edits'] / 100:g}: {out[-1]}", flush=True)
+                    "edits": len(held_edits.texts), "pairs": len(pairs.texts) // 2 if v["cf"] else 0,
+                    "accuracy": accuracy(bag, held_ids, held.labels),
+                    "edit_accuracy": accuracy(bag, held_edit_ids, held_edits.labels),
+                    "revised_accuracy": accuracy(bag, revised_ids, revised.labels) if revised_ids else None})
+        print(f"fold {fold}, edits {v['edits'] / 100:g}, pairs {v['cf'] / 100:g}: {out[-1]}", flush=True)
     return out
 
 
 def cross_validate(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``--folds``: every variant's grouped K-fold accuracy over the training reviews (see the module docstring)."""
     with ProcessPoolExecutor(args.threads, mp_context=get_context("spawn")) as pool:
-        per_fold = list(pool.map(fold_scores, *zip(*[(args.data, args.folds, k, args.variants, args.c)
-                                                     for k in range(args.folds)])))
+        per_fold = list(pool.map(fold_scores, *zip(*[(args.data, args.folds, k, args.variants, args.c,
+                                                      args.counterfactual) for k in range(args.folds)])))
     rows = []
     for i, v in enumerate(args.variants):
         acc = np.array([f[i]["accuracy"] for f in per_fold])
         edit = np.array([f[i]["edit_accuracy"] for f in per_fold])
         diff = acc - np.array([f[0]["accuracy"] for f in per_fold])
+        revised = [f[i]["revised_accuracy"] for f in per_fold]
         rows.append({**v, "folds": [f[i] for f in per_fold], "accuracy": float(acc.mean()),
                      "edit_accuracy": float(edit.mean()), "difference": float(diff.mean()),
-                     "difference_se": float(diff.std(ddof=1) / np.sqrt(len(diff)))})
+                     "difference_se": float(diff.std(ddof=1) / np.sqrt(len(diff))),
+                     "revised_accuracy": None if None in revised else float(np.mean(revised))})
     meta = experiment_meta("experiments.ngram_branch", argv if argv is not None else sys.argv[1:])
     lines = [f"Command: `{meta['command']}` ({meta['date']}); {args.folds}-fold cross-validation over the "
              f"{sum(f['reviews'] for f in rows[0]['folds']):,} training reviews, folds grouped by movie; C = {args.c}; "
              f"{args.threads} folds at a time, one thread each. The test split and the suite are not read.", "",
-             "| features | slots | negation edits' weight | accuracy, held-out reviews | difference from the first "
-             "(± s.e. over folds) | accuracy, held-out edits |", "|---|---|---|---|---|---|"]
+             "| features | slots | negation edits' weight | counterfactual pairs' weight | accuracy, held-out reviews "
+             "| difference from the first (± s.e. over folds) | accuracy, held-out edits | accuracy, the held-out "
+             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         edit = f"{r['edits'] / 100:g}" if r["edits"] else "-"
+        pairs = f"{r['cf'] / 100:g}" if r["cf"] else "-"
         diff = "-" if r is rows[0] else f"{r['difference'] * 100:+.2f} ± {r['difference_se'] * 100:.2f} points"
-        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | "
-                     f"{r['accuracy']:.2%} | {diff} | {r['edit_accuracy']:.2%} |")
+        revised = "-" if r["revised_accuracy"] is None else f"{r['revised_accuracy']:.2%}"
+        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | "
+                     f"{r['accuracy']:.2%} | {diff} | {r['edit_accuracy']:.2%} | {revised} |")
     write_results(results_folder(args), "ngram_branch_cv", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
 
@@ -170,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--folds", type=int, help="cross-validate over the training reviews in this many folds instead "
                                              "(no validation split, no test, no suite)")
+    p.add_argument("--counterfactual", help="with --folds: the counterfactual pairs (e.g. ../shared/imdb-counterfactual) "
+                                            "that cf=P fits and whose held-out quarter's revisions are scored")
     add_results_args(p, "ngram_branch.json and .md")
     args = p.parse_args(argv)
+    if any(v["cf"] for v in args.variants) and not (args.folds and args.counterfactual):
+        p.error("a cf=P variant needs --folds and --counterfactual")
     if args.folds is not None:
         if args.folds < 2:
             p.error(f"--folds must be at least 2, got {args.folds}")

@@ -169,6 +169,24 @@ def test_ngram_branch_cross_validates_each_variant_over_grouped_folds(unlabelled
     assert "test_accuracy" not in rows[0] and "| 0.1 |" in (tmp_path / "ngram_branch_cv.md").read_text()
 
 
+def test_ngram_branch_cross_validation_fits_the_pairs_whose_original_is_not_held_out(unlabelled_data,
+                                                                                     counterfactual_data, tmp_path):
+    from experiments.ngram_branch import main as branch_main
+
+    argv = ["--data", str(unlabelled_data), "--folds", "2", "--threads", "2", "--counterfactual",
+            str(counterfactual_data), "--variants", "vocab=200,len=64,buckets=1009",
+            "vocab=200,len=64,buckets=1009,cf=50", "--results", str(tmp_path)]
+    assert branch_main(argv) == 0
+    plain, pairs = json.loads((tmp_path / "ngram_branch_cv.json").read_text())["rows"]
+    # 40 pairs, the held-out quarter (10) never fitted; each other pair's original is a training review, held out
+    # in exactly one fold, where its pair is left out.
+    assert [f["pairs"] for f in plain["folds"]] == [0, 0] and sum(f["pairs"] for f in pairs["folds"]) == 30
+    assert 0 <= plain["revised_accuracy"] <= 1 and 0 <= pairs["revised_accuracy"] <= 1
+    assert "| - | 0.5 |" in (tmp_path / "ngram_branch_cv.md").read_text()
+    with pytest.raises(SystemExit):
+        branch_main(["--data", str(unlabelled_data), "--folds", "2", "--variants", "cf=50"])
+
+
 def test_ngram_branch_variants_are_checked():
     from experiments.ngram_branch import PLAIN, parse_variant
 
