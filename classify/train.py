@@ -86,9 +86,10 @@ class TrainConfig(ReviewRunConfig):
                                             "fit again on both. On IMDB test: +0.2 points for plain 1-3-grams, "
                                             "none with the default features; about 2.5 more minutes")
     pseudo_labels: bool = setting(True, "train the transformer on the source's unlabelled reviews too, each labelled "
-                                        "by an n-gram model fitted on the labelled ones (the n-gram branch's first "
-                                        "fit, or with --ngram-orders 0 the same model fitted as a teacher only); "
-                                        "IMDB: 50,000 more reviews")
+                                        "by an n-gram model fitted on the labelled ones, the teacher (the branch's "
+                                        "first fit when --teacher-edit-weight equals --negation-edit-weight, "
+                                        "else a fit of its own; with --ngram-orders 0 the recipe's branch "
+                                        "fitted as a teacher only); IMDB: 50,000 more reviews")
     soft_labels: bool = setting(True, "the pseudo-labelled reviews' targets are the teacher's class probabilities "
                                        "(distillation) instead of its most likely class: a review the teacher is "
                                        "unsure of, where most of its mistakes are, pulls the transformer less")
