@@ -128,9 +128,9 @@ class TrainConfig(ReviewRunConfig):
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "pseudo_labels", "soft_labels", "ngram_refit",
-                                           "short_texts", "negation_edits", "negation_edit_weight", "teacher_edit_weight",
-                                           "contrast_joins",
-                                           "counterfactual", "counterfactual_repeat")
+                                           "short_texts", "negation_edits", "negation_edit_weight",
+                                           "teacher_edit_weight", "contrast_joins", "counterfactual",
+                                           "counterfactual_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
