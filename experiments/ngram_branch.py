@@ -60,6 +60,7 @@ from classify.text.data import Examples, load_split, normalize, training_split
 from classify.text.review_groups import review_groups
 from classify.text.edits import Lexicon, negation_pairs
 from classify.text.tokenize import CLAUSE_BREAKS, NEGATORS, token_ids, train_tokenizer
+from classify.train import TrainConfig, counterfactual_examples
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
@@ -118,17 +119,10 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
     lexicon = Lexicon.fit([texts[i] for i in fit_idx], fit.labels)
     edits, held_edits = (Examples(*negation_pairs([texts[i] for i in idx], split.labels, lexicon))
                          for idx, split in ((fit_idx, fit), (held_idx, held)))
-    # The pairs train.py would fit: not the held-out quarter, and none whose original is a held-out review (its
-    # revision would be the held-out review with the other label).
-    pairs = Examples([], [])
-    revised = Examples([], [])
-    if counterfactual:
-        held_texts = {texts[i] for i in held_idx}
-        kept = load_pairs(counterfactual, held_out=False)
-        keep = [i for i, t in enumerate(kept.original.texts) if normalize(t) not in held_texts]
-        pairs = Examples([kept.original.texts[i] for i in keep] + [kept.revised.texts[i] for i in keep],
-                         [kept.original.labels[i] for i in keep] + [kept.revised.labels[i] for i in keep])
-        revised = load_pairs(counterfactual, held_out=True).revised
+    # The pairs classify.train fits, the held-out reviews in the place of its validation reviews: not the held-out
+    # quarter, and none whose original is a held-out review (its revision is that review with the other label).
+    pairs = counterfactual_examples(TrainConfig(data=data, counterfactual=counterfactual), held)
+    revised = load_pairs(counterfactual, held_out=True).revised if counterfactual else Examples([], [])
     tokenizers, encoded, out = {}, {}, []
     for v in variants:
         if v["vocab"] not in tokenizers:
