@@ -382,17 +382,19 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     if model.ngram is not None:
         t = time.monotonic()
         bag, self_train = model.ngram, config.ngram_self_train
+        branch_teaches = teach and not own_teacher
         weights = np.where(edit, config.negation_edit_weight, 1.0)
         labelled_by_fit = self_train_ngram_bag(bag, train_ids, train_labels,
-                                               unlabelled_ids if self_train or (teach and not own_teacher) else [],
+                                               unlabelled_ids if self_train or branch_teaches else [],
                                                config.ngram_c, self_train, weights)
-        given = given if own_teacher else labelled_by_fit
+        if branch_teaches:
+            given = labelled_by_fit
         console.log(f"n-gram branch ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots; negation edits "
                     f"weighted {config.negation_edit_weight})"
                     + (f" self-trained on {len(unlabelled_ids)} unlabelled reviews" if self_train else "")
                     + f" fitted on {len(train_ids)} reviews in {time.monotonic() - t:.0f}s"
                     + (f"; it labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}"
-                       if teach and not own_teacher else "") + f"; peak memory {peak_memory()}")
+                       if branch_teaches else "") + f"; peak memory {peak_memory()}")
         if validation.ids:
             validation.ngram = bag_logits(bag, validation.ids).numpy()
             run.save_branch_validation(validation.ngram)
