@@ -4,6 +4,9 @@ warning on an exposed address, and the serve flags declared as settings."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from classify.inference import load_run  # noqa: E402
 from classify.serve.app import create_app  # noqa: E402
 from classify.serve.limits import Limits  # noqa: E402
+from classify.serve.metrics import forget_dead_processes  # noqa: E402
 from classify.serve.service import ModelService  # noqa: E402
 
 KEY = "s3cret-key"
@@ -86,6 +90,16 @@ def test_metrics_count_requests_errors_batches_and_a_rejection(service):
     identity = service.identity
     assert value(metrics, "classify_model_info", name=identity.name, version=identity.version,
                  sha256=identity.sha256) == 1
+
+
+def test_with_several_workers_the_queue_of_a_dead_one_is_forgotten_and_its_counters_kept(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = int(gone.stdout), os.getpid()
+    names = [f"gauge_livesum_{dead}.db", f"gauge_livesum_{alive}.db", f"counter_{dead}.db", f"gauge_max_{dead}.db"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    forget_dead_processes(str(tmp_path))
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(names[1:])
 
 
 def test_metrics_count_a_failing_request_as_500_and_each_app_counts_its_own(service):

@@ -17,6 +17,7 @@ httpx = pytest.importorskip("httpx", reason="the serve extra is not installed (p
 from conftest import synthetic_reviews  # noqa: E402
 from experiments.serve_load import main as load_main  # noqa: E402
 from experiments.serve_load import serve_process  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path(os.environ.get("CLASSIFY_CHROMIUM", "/usr/bin/chromium"))
@@ -49,11 +50,26 @@ def test_real_server_answers_concurrent_clients_each_their_own(server):
     assert httpx.get(f"{server}/readyz").json()["status"] == "ready"
 
 
-def test_workers_share_the_port_and_a_dead_worker_is_replaced(trained_run):
+def test_workers_share_the_port_add_up_their_metrics_and_a_dead_worker_is_replaced(trained_run):
     def processes(url: str, tries: int = 40) -> set[int]:
         # a fresh connection each time: the kernel hands each to one of the workers waiting on the socket
         return {httpx.get(f"{url}/v1/model", headers={"Connection": "close"}).json()["runtime"]["process"]
                 for _ in range(tries)}
+
+    def predict(url: str) -> dict:
+        return httpx.post(f"{url}/v1/predict", json={"text": text}, headers={"Connection": "close"}).json()
+
+    def scrape(url: str) -> dict[str, list]:
+        """/metrics on a fresh connection (any worker may answer): sample name -> [(labels, value)]."""
+        found: dict[str, list] = {}
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", headers={"Connection": "close"}).text):
+            for sample in family.samples:
+                found.setdefault(sample.name, []).append((sample.labels, sample.value))
+        return found
+
+    def predictions(metrics: dict[str, list]) -> float:
+        return sum(v for labels, v in metrics["classify_http_requests_total"]
+                   if labels == {"endpoint": "/v1/predict", "method": "POST", "status": "200"})
 
     text = "A warm, funny and wonderfully acted film."
     with serve_process(trained_run, "--threads", "1", "--workers", "2", "--log-level", "warning",
@@ -63,15 +79,23 @@ def test_workers_share_the_port_and_a_dead_worker_is_replaced(trained_run):
         while len(workers) < 2 and time.monotonic() < deadline:   # each worker loads the model once started
             workers |= processes(url, 10)
         assert len(workers) == 2
-        answer = httpx.post(f"{url}/v1/predict", json={"text": text}).json()["predictions"][0]
+        answer = [predict(url)["predictions"][0] for _ in range(6)][0]
+        for _ in range(6):   # whichever worker answers the scrape, it counts the requests both answered
+            metrics = scrape(url)
+            assert predictions(metrics) == 6
+            assert [v for _, v in metrics["classify_queue_texts"]] == [0]   # one series, not one per worker
+            assert [v for _, v in metrics["classify_model_info"]] == [1]
         os.kill(min(workers), signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not (now := processes(url, 10)) - workers and time.monotonic() < deadline:
             time.sleep(0.5)   # the supervisor checks its workers every half second, then loads the replacement
         assert now - workers                                  # a new worker answers ...
         assert processes(url) == {max(workers), *(now - workers)}   # ... beside the one that lived
-        again = httpx.post(f"{url}/v1/predict", json={"text": text}).json()["predictions"][0]
+        again = predict(url)["predictions"][0]
         assert again["probabilities"] == pytest.approx(answer["probabilities"], abs=1e-6)
+        metrics = scrape(url)
+        assert predictions(metrics) == 7   # the dead worker's requests still count: a counter never goes down
+        assert [v for _, v in metrics["classify_queue_texts"]] == [0]
 
 
 def test_load_generator_records_every_mode_without_failures(trained_run, parquet_data, tmp_path):

@@ -90,8 +90,7 @@ def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | 
     worker thread starts and stops with the app's lifespan (uvicorn, or ``with TestClient(app)``)."""
     metrics = Metrics(service.identity)
     batcher: MicroBatcher[TextResult] = MicroBatcher(service.predict, limits.max_batch, limits.max_delay_ms / 1000,
-                                                     limits.max_queue, on_batch=metrics.batch_texts.observe)
-    metrics.watch(batcher)
+                                                     limits.max_queue, listener=metrics)
     labels = service.run.labels
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 

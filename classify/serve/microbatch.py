@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -79,14 +79,27 @@ class BatchStats:
         self.recent = (self.recent + [size])[-self.RECENT:]
 
 
+class BatchListener(Protocol):
+    """What the batcher tells as it happens (the server's metrics). Told, not read at scrape time, so that
+    several server processes can add up what each of theirs told (``serve.metrics``)."""
+
+    def batch(self, size: int) -> None:
+        """A batch of ``size`` texts has run (called on the worker thread)."""
+
+    def waiting(self, texts: int) -> None:
+        """``texts`` texts wait for the worker now (called with the queue's lock held: keep it short)."""
+
+    def rejected(self) -> None:
+        """A request was refused past ``max_queue``."""
+
+
 class MicroBatcher(Generic[R]):
     """Runs ``predict(texts) -> one result per text`` on a worker thread, batching requests."""
 
     def __init__(self, predict: Callable[[list[str]], list[R]], max_batch: int, max_delay: float,
-                 max_queue: int | None = None, on_batch: Callable[[int], None] | None = None):
-        """``on_batch(size)`` is called on the worker thread after each batch (the server's metrics)."""
+                 max_queue: int | None = None, listener: BatchListener | None = None):
         self.predict_fn, self.max_batch, self.max_delay, self.max_queue = predict, max_batch, max_delay, max_queue
-        self.on_batch = on_batch
+        self.listener = listener
         self.stats = BatchStats()
         self._queue: queue.Queue = queue.Queue()
         self._waiting = 0                  # texts submitted and not yet taken by the worker
@@ -128,17 +141,25 @@ class MicroBatcher(Generic[R]):
         with self._waiting_lock:
             if self.max_queue is not None and self._waiting + new.size > self.max_queue and self._waiting:
                 self.stats.rejected += 1
+                if self.listener is not None:
+                    self.listener.rejected()
                 raise Overloaded(f"the server is busy: {self._waiting} texts are already waiting for the model "
                                  f"(its --max-queue is {self.max_queue}); retry in a moment")
-            self._waiting += new.size
+            self._count_waiting(new.size)
         self._queue.put(new)
         return new.future
 
     def _take(self, job: _Job) -> _Job:
         """The worker has taken ``job`` off the queue: it no longer waits."""
         with self._waiting_lock:
-            self._waiting -= job.size
+            self._count_waiting(-job.size)
         return job
+
+    def _count_waiting(self, change: int) -> None:
+        """Texts waiting go up or down by ``change`` (the caller holds ``_waiting_lock``)."""
+        self._waiting += change
+        if self.listener is not None:
+            self.listener.waiting(self._waiting)
 
     # ----------------------------------------------------------------- worker side
     def _work(self) -> None:
@@ -172,8 +193,8 @@ class MicroBatcher(Generic[R]):
     def _predict(self, texts: list[str]) -> list[R]:
         results = self.predict_fn(texts)
         self.stats.add(len(texts))
-        if self.on_batch is not None:
-            self.on_batch(len(texts))
+        if self.listener is not None:
+            self.listener.batch(len(texts))
         return results
 
     @staticmethod

@@ -11,8 +11,10 @@ The command binds the socket and loads the run once itself, so that a bad addres
 exit status 2 before anything starts; then uvicorn's supervisor (``uvicorn.supervisors.Multiprocess``) starts
 the workers: spawned processes that load the run again (``app_from_environment``, reading the command's
 settings from ``SETTINGS_ENV``) and serve. A worker that dies or hangs is replaced; SIGINT or SIGTERM stops them
-all. Each worker has its own micro-batcher, queue limit (``--max-queue`` is per worker) and metrics: ``/metrics``
-and ``/v1/model`` describe the worker that answered the request.
+all. Each worker has its own micro-batcher and queue limit (``--max-queue`` is per worker): ``/v1/model``
+describes the worker that answered the request. ``/metrics`` adds up all of them, whichever answers the scrape:
+the workers share a temporary folder for prometheus-client's multiprocess mode (``serve.metrics``), made here
+for this command alone (a folder left by an earlier server would add its counts) and removed when it ends.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 from argparse import Namespace
 from typing import Any
 
@@ -34,9 +37,13 @@ def serve_workers(settings: dict[str, Any], sock: socket.socket, workers: int, *
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
+    from .metrics import MULTIPROCESS_ENV
+
     os.environ[SETTINGS_ENV] = json.dumps(settings)   # spawned processes inherit the environment
-    config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, workers=workers, **options)
-    Multiprocess(config, sockets=[sock]).run()
+    with tempfile.TemporaryDirectory(prefix="classify-metrics-") as shared:
+        os.environ[MULTIPROCESS_ENV] = shared
+        config = uvicorn.Config(f"{__name__}:app_from_environment", factory=True, workers=workers, **options)
+        Multiprocess(config, sockets=[sock]).run()
 
 
 def app_from_environment():
