@@ -125,12 +125,14 @@ class TrainConfig(ReviewRunConfig):
                                               "minute on IMDB)", check=positive)
     counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
                                             "n-gram branch is fitted on them once)", check=positive)
+    contrast_join_repeat: int = setting(1, "times each contrast join is seen per epoch by the transformer",
+                                        check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "pseudo_labels", "soft_labels", "ngram_refit",
                                            "short_texts", "negation_edits", "negation_edit_weight",
                                            "teacher_edit_weight", "contrast_joins", "counterfactual",
-                                           "counterfactual_repeat")
+                                           "counterfactual_repeat", "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -156,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "counterfactual", "counterfactual_repeat", "short_texts", "negation_edits",
-                               "negation_edit_weight", "teacher_edit_weight", "contrast_joins"],
+                               "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                               "contrast_join_repeat"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -549,10 +552,10 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
     # are repeated; closing sentences are cut from the labelled and pseudo-labelled reviews, not from the pairs,
     # whose two texts often end alike under opposite labels.
-    ids = (train_ids + counterfactual_ids * config.counterfactual_repeat + edit_ids + join_ids
-           + unlabelled_ids[: len(given)])
+    ids = (train_ids + counterfactual_ids * config.counterfactual_repeat + edit_ids
+           + join_ids * config.contrast_join_repeat + unlabelled_ids[: len(given)])
     targets = training_targets(train_set.labels + counterfactual.labels * config.counterfactual_repeat + edits.labels
-                               + joins.labels, given, config.soft_labels)
+                               + joins.labels * config.contrast_join_repeat, given, config.soft_labels)
     if ends is not None:
         reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
         ids, targets = with_closing_sentences(ids, targets, reviews, ends)
@@ -560,7 +563,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    if counterfactual_ids else "")
                 + (f", {len(edit_ids)} negation edits and sentences" if edit_ids else "")
-                + (f", {len(join_ids)} contrast joins" if join_ids else "")
+                + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else "")

@@ -11,8 +11,10 @@ fitted on one half of the validation texts and scored on the other, both ways ro
 halves drawn by whole review: a review and the texts cut from it stay together):
 
 * ``log``: 1 and log(length), as shipped;
-* ``hinge``: also max(0, log(length) - log(64)), so that texts longer than 64 tokens get a slope of their own;
-* ``split``: 1 and log(length) twice, the second pair for texts longer than 64 tokens only: a line of its own;
+* ``hinge at N``: also max(0, log(length) - log(N)), so that texts longer than N tokens get a slope of their own;
+* ``split at N``: 1 and log(length) twice, the second pair for texts longer than N tokens only: a line of its own
+  (``--split-at``: the lengths N, 64 by default);
+* ``log + sentences``: also log(1 + the number of sentence ends), which tells a short review from one long sentence;
 * ``log`` fitted without the contrast joins (scored on every group);
 * for scale, ``log`` fitted on the whole reviews alone and scored on them: the best a mix of this kind does there.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -42,27 +45,33 @@ from classify.train import TrainConfig, Validation, rule_made_examples, transfor
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
 
-HINGE_AT = 64   # tokens: closing sentences, edits and joins are shorter; nearly every review is longer
+def hinge_form(at: int) -> Callable[[Tensor], Tensor]:
+    """lengths (B,) -> (B, 3): 1, log(length) and max(0, log(length) - log(at)): texts longer than ``at``
+    tokens get a slope of their own."""
+    def features(lengths: Tensor) -> Tensor:
+        base = mix_features(lengths)
+        return torch.cat([base, (base[:, 1:] - math.log(at)).clamp(min=0)], dim=-1)
+    return features
 
 
-def hinge_features(lengths: Tensor) -> Tensor:
-    """(B,) -> (B, 3): 1, log(length) and max(0, log(length) - log(HINGE_AT))."""
-    base = mix_features(lengths)
-    return torch.cat([base, (base[:, 1:] - math.log(HINGE_AT)).clamp(min=0)], dim=-1)
+def split_form(at: int) -> Callable[[Tensor], Tensor]:
+    """lengths (B,) -> (B, 4): 1 and log(length), and both again for texts longer than ``at`` tokens: two
+    separate lines."""
+    def features(lengths: Tensor) -> Tensor:
+        base = mix_features(lengths)
+        return torch.cat([base, base * (lengths > at).to(base.dtype)[:, None]], dim=-1)
+    return features
 
 
-def split_features(lengths: Tensor) -> Tensor:
-    """(B,) -> (B, 4): 1 and log(length), and both again for texts longer than HINGE_AT: two separate lines."""
-    base = mix_features(lengths)
-    return torch.cat([base, base * (lengths > HINGE_AT).to(base.dtype)[:, None]], dim=-1)
+def forms(split_at: list[int]) -> dict[str, Callable[[Tensor], Tensor]]:
+    """The mix forms compared: the shipped one, and a hinge and a split at each length in ``split_at``."""
+    return {"log": mix_features, **{f"hinge at {at}": hinge_form(at) for at in split_at},
+            **{f"split at {at}": split_form(at) for at in split_at}}
 
 
-FORMS = {"log": mix_features, "hinge": hinge_features, "split": split_features}
-
-
-def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray]:
-    """The run's validation texts as its training built them, with the branch's held-out logits, and the
-    transformer's logits for them; also (N,) the index of the review each text comes from."""
+def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray, set[int]]:
+    """The run's validation texts as its training built them, with the branch's held-out logits, the
+    transformer's logits for them, and the sentence-end token ids."""
     run = load_run(path, device, dtype)
     train_config = run.config["train"]
     config = TrainConfig(**{k: v for k, v in train_config.items() if k in TrainConfig.__dataclass_fields__})
@@ -70,14 +79,14 @@ def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray]:
     _, val_made = rule_made_examples(config, train, val)
     tokenizer = run.tokenizer
     encode = Preprocessing(tokenizer, run.backend.model.config.max_len, run.truncation).ids
-    ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
-    validation = Validation.build(encode(val.texts), val.labels, ends,
+    ends = set(token_ids(tokenizer, SENTENCE_ENDS))
+    validation = Validation.build(encode(val.texts), val.labels, ends if config.short_texts else None,
                                   {name: (encode(t.texts), t.labels) for name, t in val_made.items()})
     validation.ngram = RunFolder(run.path, KIND).branch_validation(len(validation.ids), len(run.labels))
     if validation.ngram is None:
         raise SystemExit(f"{path} has no branch_validation.json: it was trained without the n-gram branch")
     logits = transformer_logits(run.backend.model, validation.ids, device, dtype, 64, shard=False)
-    return validation, logits
+    return validation, logits, ends
 
 
 def halves(validation: Validation, seed: int = 0) -> np.ndarray:
@@ -96,12 +105,25 @@ def halves(validation: Validation, seed: int = 0) -> np.ndarray:
     return half
 
 
-def compare(validation: Validation, transformer: np.ndarray) -> dict[str, dict[str, float | None]]:
+def sentence_form(validation: Validation, ends: set[int]) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
+    """A form that also reads how many sentences a text has: 1, log(length) and log(1 + sentence ends).
+    ``fit_mix`` hands a form only what it is given as lengths, so this form is given row numbers and looks each
+    text's features up: returns the form and (N,) the row numbers to pass in place of the lengths."""
+    table = torch.stack([mix_features(torch.as_tensor(validation.lengths()))[:, 1],
+                         torch.tensor([math.log1p(sum(t in ends for t in ids)) for ids in validation.ids])], dim=1)
+
+    def features(rows: Tensor) -> Tensor:
+        return torch.cat([torch.ones(len(rows), 1), table[rows.long()]], dim=1)
+    return features, np.arange(len(validation.ids))
+
+
+def compare(validation: Validation, transformer: np.ndarray, split_at: list[int],
+            ends: set[int]) -> dict[str, dict[str, float | None]]:
     y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
     half = halves(validation)
     everything = np.ones(len(y), dtype=bool)
 
-    def cross_fitted(features_of, fitted_on: np.ndarray, scored_on: np.ndarray) -> np.ndarray:
+    def cross_fitted(features_of, fitted_on: np.ndarray, scored_on: np.ndarray, lengths=lengths) -> np.ndarray:
         """(N,) the class each text gets from the mix fitted on the other half's ``fitted_on`` texts; -1 where
         not ``scored_on``."""
         predicted = np.full(len(y), -1, dtype=np.int64)
@@ -114,7 +136,9 @@ def compare(validation: Validation, transformer: np.ndarray) -> dict[str, dict[s
 
     systems = {"transformer": transformer.argmax(1), "ngram": ngram.argmax(1)}
     systems.update({f"mix, {name}": cross_fitted(features_of, everything, everything)
-                    for name, features_of in FORMS.items()})
+                    for name, features_of in forms(split_at).items()})
+    by_sentences, rows = sentence_form(validation, ends)
+    systems["mix, log + sentences"] = cross_fitted(by_sentences, everything, everything, lengths=rows)
     # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
     # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
     reviews = validation.group == 0
@@ -131,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="run folders trained with the n-gram branch")
     p.add_argument("--threads", type=int, default=None)
-    add_results_args(p, "mix_forms.json and .md")
+    p.add_argument("--split-at", type=int, nargs="+", default=[64], metavar="TOKENS",
+                   help="lengths at which the hinge and split forms start their second slope or line")
+    p.add_argument("--name", default="mix_forms", help="the report's file name")
+    add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
     results = {}
     for path in args.runs:
         with torch.inference_mode():
-            validation, logits = validation_of(path, device, dtype)
-        results[path] = compare(validation, logits)
+            validation, logits, ends = validation_of(path, device, dtype)
+        results[path] = compare(validation, logits, args.split_at, ends)
         print(path, results[path], flush=True)
     meta = experiment_meta("experiments.mix_forms", argv if argv is not None else sys.argv[1:])
     groups = list(next(iter(results.values()))["ngram"])
@@ -149,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         for system, scores in systems.items():
             lines.append(f"| {path} | {system} | "
                          + " | ".join("-" if scores[g] is None else f"{scores[g]:.2%}" for g in groups) + " |")
-    write_results(results_folder(args), "mix_forms", {"meta": meta, "runs": results}, "\n".join(lines) + "\n")
+    write_results(results_folder(args), args.name, {"meta": meta, "runs": results}, "\n".join(lines) + "\n")
     return 0
 
 
