@@ -45,6 +45,7 @@ from classify.train import TrainConfig, Validation, rule_made_examples, transfor
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
 
+
 def hinge_form(at: int) -> Callable[[Tensor], Tensor]:
     """lengths (B,) -> (B, 3): 1, log(length) and max(0, log(length) - log(at)): texts longer than ``at``
     tokens get a slope of their own."""
