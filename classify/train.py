@@ -555,10 +555,12 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
     # are repeated; closing sentences are cut from the labelled and pseudo-labelled reviews, not from the pairs,
     # whose two texts often end alike under opposite labels.
-    ids = (train_ids + counterfactual_ids * config.counterfactual_repeat + edit_ids
-           + join_ids * config.contrast_join_repeat + unlabelled_ids[: len(given)])
-    targets = training_targets(train_set.labels + counterfactual.labels * config.counterfactual_repeat + edits.labels
-                               + joins.labels * config.contrast_join_repeat, given, config.soft_labels)
+    labelled_parts = [(train_ids, train_set.labels, 1),                  # (ids, labels, times per epoch)
+                      (counterfactual_ids, counterfactual.labels, config.counterfactual_repeat),
+                      (edit_ids, edits.labels, 1), (join_ids, joins.labels, config.contrast_join_repeat)]
+    ids = [x for part, _, times in labelled_parts for x in part * times] + unlabelled_ids[: len(given)]
+    targets = training_targets([y for _, labels, times in labelled_parts for y in labels * times], given,
+                               config.soft_labels)
     if ends is not None:
         reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
         ids, targets = with_closing_sentences(ids, targets, reviews, ends)
