@@ -266,26 +266,31 @@ def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0,
 
 @torch.no_grad()
 def fit_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], c: float,
-                  weights: np.ndarray | None = None) -> None:
+                  weights: np.ndarray | None = None, min_count: int = 1) -> None:
     """Fit the bag on pre-tokenized training reviews: naive-Bayes scales (two classes; 1 otherwise) and
     an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features; ``weights``
-    (N,): how much each review counts (1 by default)."""
-    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights)
+    (N,): how much each review counts (1 by default); a slot fewer than ``min_count`` texts have keeps no weight."""
+    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count)
 
 
 @torch.no_grad()
-def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None) -> None:
+def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None,
+                  min_count: int = 1) -> None:
     """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None.
 
-    The solver sees only the K columns some review has (6.3M of IMDB's 16.8M slots): liblinear copies the matrix
-    and keeps several vectors as long as its columns, and a column no review has gets no weight anyway (its
-    gradient is zero). The scaled values go to it as float64 over int32 indices, which scikit-learn passes on
-    without a copy of its own.
+    The solver sees only the K columns at least ``min_count`` reviews have (at 1, 6.3M of IMDB's 16.8M slots):
+    liblinear copies the matrix and keeps several vectors as long as its columns, and a column no review has gets
+    no weight anyway (its gradient is zero). The scaled values go to it as float64 over int32 indices, which
+    scikit-learn passes on without a copy of its own.
+
+    Why ``min_count``: an n-gram only one review has is mostly that review's fingerprint (a name, a phrase). Its
+    weight learns that review's label, so an edit of the review that flips its label keeps the old answer.
     """
     import scipy.sparse as sp
     from sklearn.linear_model import LogisticRegression
 
     binary = bag.weight.shape[1] == 2
+    features = _common_columns(features, min_count)
     seen, columns = _columns_in_use(features.indices, bag.buckets)                     # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value
     # of the scaled matrix is its column's ratio.
@@ -306,6 +311,18 @@ def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.
     bag.bias.copy_(bias)
 
 
+def _common_columns(features, min_count: int):
+    """The binary matrix (N, buckets) without the entries of columns fewer than ``min_count`` rows have."""
+    if min_count <= 1:
+        return features
+    import scipy.sparse as sp
+
+    keep = np.bincount(features.indices, minlength=features.shape[1])[features.indices] >= min_count   # (nnz,)
+    rows = np.repeat(np.arange(features.shape[0]), np.diff(features.indptr))[keep]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=features.shape[0]))])
+    return sp.csr_matrix((features.data[keep], features.indices[keep], indptr), shape=features.shape)
+
+
 def _columns_in_use(indices: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
     """Column indices (nnz,) of a matrix with ``buckets`` columns -> (the columns in use, sorted (K,), each index's
     position among them (nnz,) int32)."""
@@ -322,8 +339,10 @@ def bag_logits(bag: NgramBag, ids: list[TokenIds], batch_size: int = 512) -> Ten
 
 
 def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], unlabelled: list[TokenIds],
-                         c: float, refit: bool = True, weights: np.ndarray | None = None) -> np.ndarray:
-    """Fit the bag on labelled reviews (each counting ``weights[i]``, (N,), when given), label ``unlabelled``
+                         c: float, refit: bool = True, weights: np.ndarray | None = None,
+                         min_count: int = 1) -> np.ndarray:
+    """Fit the bag on labelled reviews (each counting ``weights[i]``, (N,), when given; slots fewer than
+    ``min_count`` of the texts fitted on have get no weight), label ``unlabelled``
     with that fit (its most likely class), and, with ``refit``, fit again on all of them (self-training; an
     unlabelled review counts 1). Naive-Bayes scales are recomputed from both.
 
@@ -331,7 +350,7 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
     import scipy.sparse as sp
 
     features, y = feature_matrix(bag, ids), np.asarray(labels)
-    _fit_features(bag, features, y, c, weights)
+    _fit_features(bag, features, y, c, weights, min_count)
     if not unlabelled:
         return np.zeros((0, bag.weight.shape[1]), dtype=np.float32)
     probs = torch.softmax(bag_logits(bag, unlabelled).double(), dim=1).float().numpy()
@@ -339,5 +358,5 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
         # The labelled reviews' features are built once and reused for the second fit.
         _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
                       np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c,
-                      None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]))
+                      None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]), min_count)
     return probs

@@ -67,6 +67,37 @@ def test_the_exported_model_computes_pytorchs_logits(which, trained_run, exporte
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0, err_msg=name)
 
 
+def test_the_graph_holds_the_ngram_table_as_one_float16_column(trained_run, exported):
+    import onnx
+
+    bag = load_run(trained_run, torch.device("cpu")).model.ngram
+    tables = {tuple(t.dims): t.data_type for t in onnx.load(str(exported / ONNX_MODEL)).graph.initializer
+              if t.dims and t.dims[0] == bag.buckets + 1}
+    assert tables == {(bag.buckets + 1,): onnx.TensorProto.FLOAT16}
+
+
+def test_the_one_column_bag_gives_the_bags_logits_bit_for_bit_and_only_where_it_can():
+    from classify.export import SignedTableBag
+    from classify.ngrams import NgramBag
+
+    bag = NgramBag(50, 2, 3, 1009, pad_id=0, skip_bigrams=True, tail=5)
+    d = torch.randn(1010).half().float()
+    d[-1] = 0
+    with torch.no_grad():
+        bag.weight.copy_(torch.stack([-d, d], dim=1) / 2)   # as the fits store a two-class branch
+        bag.bias.copy_(torch.tensor([0.3, -0.3]))
+    tokens = pad_batch([[5, 6, 7, 8, 9, 10], [11], [3, 4, 5]], 0)
+    compact = SignedTableBag.of(bag)
+    assert compact.column.dtype == torch.float16 and torch.equal(compact(tokens), bag(tokens))
+    with torch.no_grad():
+        bag.weight[3] += torch.tensor([-1e-4, 1e-4])   # not float16 any more: a float32 column, still exact
+    compact = SignedTableBag.of(bag)
+    assert compact.column.dtype == torch.float32 and torch.equal(compact(tokens), bag(tokens))
+    with torch.no_grad():
+        bag.weight[3, 0] += 1.0    # rows no longer (-d, d): the table stays as it is
+    assert SignedTableBag.of(bag) is None
+
+
 def test_the_export_folder_holds_what_the_runtime_needs(trained_run, exported):
     assert sorted(p.name for p in exported.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
     config = json.loads((exported / "config.json").read_text())

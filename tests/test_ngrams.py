@@ -148,6 +148,21 @@ def test_fitted_branch_separates_the_classes_and_matches_its_feature_matrix():
         assert set(row.indices.tolist()) == expected_slots(review)
 
 
+def test_min_count_leaves_slots_too_few_reviews_have_without_weight():
+    # Each review carries a fingerprint n-gram no other review has, and one of two shared sentiment words.
+    labels = [i % 2 for i in range(60)]
+    ids = [[10 if y else 20, 30 + i % 20, 30 + i // 20] for i, y in enumerate(labels)]   # (30+i%20, 30+i//20): one review
+    counts = np.bincount(feature_matrix(NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0), ids).indices, minlength=BUCKETS)
+    for min_count, rare_kept in ((1, True), (2, False)):
+        bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+        fit_ngram_bag(bag, ids, labels, c=1.0, min_count=min_count)
+        weighted = (bag.weight[:BUCKETS] != 0).any(dim=1).numpy()
+        assert weighted[counts == 1].any() == rare_kept           # the fingerprints only at min_count 1
+        assert weighted[counts >= 2].sum() >= 30                   # what reviews share keeps its weights
+        assert not weighted[counts == 0].any()
+        assert (bag_logits(bag, [[10], [20]]).argmax(1).tolist() == [1, 0])
+
+
 def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_their_company():
     rng = np.random.default_rng(2)
     good, bad, new_good, new_bad = 10, 20, 13, 23   # new_*: never in a labelled review
