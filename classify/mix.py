@@ -24,16 +24,20 @@ def mix_features(lengths: Tensor) -> Tensor:
 
 
 def fit_mix(transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray, labels: list[int] | np.ndarray,
-            l2: float = 1e-3, features_of: Callable[[Tensor], Tensor] = mix_features) -> np.ndarray:
+            l2: float = 1e-3, features_of: Callable[[Tensor], Tensor] = mix_features,
+            weights: np.ndarray | None = None) -> np.ndarray:
     """The mix (2 branches, F features) that minimises the cross-entropy of
-    ``(features @ mix[0]) * transformer + (features @ mix[1]) * ngram`` on held-out texts, plus a small ``l2``
-    on the length terms (they stay near zero when the texts' lengths say nothing). ``features_of``: lengths (N,)
-    -> (N, F), the first column 1 (``mix_features``; experiments try others).
+    ``(features @ mix[0]) * transformer + (features @ mix[1]) * ngram`` on held-out texts (each text counting
+    ``weights[i]``, (N,), when given; alike otherwise), plus a small ``l2`` on the length terms (they stay near zero
+    when the texts' lengths say nothing). ``features_of``: lengths (N,) -> (N, F), the first column 1
+    (``mix_features``; experiments try others).
 
     transformer, ngram: (N, C) logits; lengths: (N,) tokens; N >= 1. Returns float64 (2, F)."""
     logits = torch.stack([torch.as_tensor(transformer), torch.as_tensor(ngram)]).double()      # (2, N, C)
     features = features_of(torch.as_tensor(np.asarray(lengths))).double()                       # (N, F)
     y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    w = torch.ones(len(y), dtype=torch.float64) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+    w = w / w.sum()
     mix = torch.zeros(2, features.shape[1], dtype=torch.float64)
     mix[:, 0] = 1.0
     mix.requires_grad_(True)
@@ -41,8 +45,9 @@ def fit_mix(transformer: np.ndarray, ngram: np.ndarray, lengths: np.ndarray, lab
 
     def loss() -> Tensor:
         solver.zero_grad()
-        weights = features @ mix.T                                                               # (N, 2)
-        value = F.cross_entropy(torch.einsum("nk,knc->nc", weights, logits), y) + l2 * mix[:, 1:].square().sum()
+        branch_weights = features @ mix.T                                                        # (N, 2)
+        text_losses = F.cross_entropy(torch.einsum("nk,knc->nc", branch_weights, logits), y, reduction="none")
+        value = (w * text_losses).sum() + l2 * mix[:, 1:].square().sum()
         value.backward()
         return value
 

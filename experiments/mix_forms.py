@@ -16,7 +16,9 @@ halves drawn by whole review: a review and the texts cut from it stay together):
   (``--split-at``: the lengths N, 64 by default);
 * ``log + sentences``: also log(1 + the number of sentence ends), which tells a short review from one long sentence;
 * ``log`` fitted without the contrast joins (scored on every group);
-* for scale, ``log`` fitted on the whole reviews alone and scored on them: the best a mix of this kind does there.
+* for scale, ``log`` fitted on the whole reviews alone and scored on them: the best a mix of this kind does there;
+* ``log`` fitted with each group counting alike (each text weighted by one over its group's size), as the
+  checkpoint's score counts them, where the shipped fit counts texts alike.
 
 Reported per group: the transformer alone, the branch alone and each mix.
 """
@@ -124,13 +126,15 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
     half = halves(validation)
     everything = np.ones(len(y), dtype=bool)
 
-    def cross_fitted(features_of, fitted_on: np.ndarray, scored_on: np.ndarray, lengths=lengths) -> np.ndarray:
-        """(N,) the class each text gets from the mix fitted on the other half's ``fitted_on`` texts; -1 where
-        not ``scored_on``."""
+    def cross_fitted(features_of, fitted_on: np.ndarray, scored_on: np.ndarray, lengths=lengths,
+                     weights: np.ndarray | None = None) -> np.ndarray:
+        """(N,) the class each text gets from the mix fitted on the other half's ``fitted_on`` texts (each
+        counting ``weights[i]`` when given); -1 where not ``scored_on``."""
         predicted = np.full(len(y), -1, dtype=np.int64)
         for k in (0, 1):
             fit, score = (half != k) & fitted_on, (half == k) & scored_on
-            mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit], features_of=features_of)
+            mix = fit_mix(transformer[fit], ngram[fit], lengths[fit], y[fit], features_of=features_of,
+                          weights=None if weights is None else weights[fit])
             predicted[score] = mixed_logits(mix, transformer[score], ngram[score], lengths[score],
                                             features_of).argmax(1)
         return predicted
@@ -146,6 +150,9 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
     systems["mix, log, fitted without the joins"] = cross_fitted(
         mix_features, validation.group != Validation.GROUPS.index("join"), everything)
     systems["mix, log, fitted on reviews alone"] = cross_fitted(mix_features, reviews, reviews)
+    # Each group counting alike in the fit, as in the checkpoint's score (the mean of the groups' accuracies).
+    systems["mix, log, groups weighted alike"] = cross_fitted(mix_features, everything, everything,
+                                                              weights=1.0 / np.bincount(validation.group)[validation.group])
     return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
                      for g, group in enumerate(Validation.GROUPS) if (rows := validation.group == g).any()}
             for system, p in systems.items()}

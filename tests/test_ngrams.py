@@ -206,6 +206,18 @@ def test_fit_mix_finds_the_length_dependent_weights_that_generated_the_labels():
     assert w[1, 1] / w[1, 0] > 2 * w[0, 1] / w[0, 0]
 
 
+def test_fit_mix_weights_texts_as_told():
+    rng = np.random.default_rng(4)
+    n = 600
+    parts = rng.normal(size=(2, n, 2))
+    lengths, labels = rng.integers(3, 400, size=n), rng.integers(0, 2, size=n)
+    first = np.arange(n) < 400
+    np.testing.assert_allclose(fit_mix(parts[0], parts[1], lengths, labels, weights=first.astype(float)),
+                               fit_mix(parts[0][first], parts[1][first], lengths[first], labels[first]), atol=1e-6)
+    assert not np.allclose(fit_mix(parts[0], parts[1], lengths, labels, weights=first + 0.5),
+                           fit_mix(parts[0], parts[1], lengths, labels), atol=1e-3)
+
+
 def test_fit_mix_takes_another_basis_of_length_features():
     """Two lines in log-length, one for texts up to 64 tokens and one past them: the weights are found again."""
     def split(lengths):

@@ -265,7 +265,7 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
 
     def fitted_on(texts, labels):
         bag = ngram_branch(run.model.config)
-        fit_ngram_bag(bag, encode(texts), labels, config["ngram_c"])
+        fit_ngram_bag(bag, encode(texts), labels, config["ngram_c"], min_count=config["ngram_min_count"])
         return bag_logits(bag, encode(val.texts)).numpy()
 
     # The held-out logits: the validation reviews, then their closing sentences, from the first fit.
