@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from .backends import OnnxBackend
 from .engine.config import HelpFormatter
-from .engine.files import write_json
+from .engine.files import exact_half, signed_column, write_json
 from .engine.runfolder import TOKENIZER
 from .errors import ClassifyError, run_cli
 from .inference import EXPORT_KIND, ONNX_MODEL, LoadedRun, load_run
@@ -85,7 +85,8 @@ class SignedTableBag(nn.Module):
     The graph cannot hold the table sparse (it looks a slot up by its index), and the dense table of the recipe's
     16.8M slots in fp32 was 128 of the export's 146 MiB. A two-class branch's rows are (-d/2, d/2)
     (``ngrams._fit_features``), so one column carries them all, and the fits round the weights to float16,
-    which stores that column exactly in half the bytes. The logits are the bag's own, bit for bit: the same
+    which stores that column exactly in half the bytes: as the run folder stores the rows that carry weight
+    (``engine.files.pack_rows``). The logits are the bag's own, bit for bit: the same
     values summed in the same order, one of them negated.
     """
 
@@ -99,11 +100,8 @@ class SignedTableBag(nn.Module):
     @classmethod
     def of(cls, bag: NgramBag) -> "SignedTableBag | None":
         """The bag in one column, float16 where that is exact; None where its rows are not (-d, d)."""
-        weight = bag.weight.detach()
-        if weight.shape[1] != 2 or not torch.equal(weight[:, 0], -weight[:, 1]):
-            return None
-        column = weight[:, 1].half()
-        return cls(bag, column if torch.equal(column.float(), weight[:, 1]) else weight[:, 1].clone())
+        column = signed_column(bag.weight.detach())
+        return None if column is None else cls(bag, exact_half(column))
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> logits (B, 2), as ``NgramBag.forward``."""

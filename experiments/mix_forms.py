@@ -15,6 +15,8 @@ halves drawn by whole review: a review and the texts cut from it stay together):
 * ``split at N``: 1 and log(length) twice, the second pair for texts longer than N tokens only: a line of its own
   (``--split-at``: the lengths N, 64 by default);
 * ``log + sentences``: also log(1 + the number of sentence ends), which tells a short review from one long sentence;
+* ``log + confidences``: also each branch's |logit difference| on the text: a branch that is unsure of a text
+  can count for less on it;
 * ``log`` fitted without the contrast joins (scored on every group);
 * for scale, ``log`` fitted on the whole reviews alone and scored on them: the best a mix of this kind does there;
 * ``log`` fitted with each group counting alike (each text weighted by one over its group's size), as the
@@ -120,6 +122,21 @@ def sentence_form(validation: Validation, ends: set[int]) -> tuple[Callable[[Ten
     return features, np.arange(len(validation.ids))
 
 
+def confidence_form(validation: Validation, transformer: np.ndarray) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
+    """A form that also reads how sure each branch is: 1, log(length) and each branch's |logit difference|, so
+    that a branch that found little to go on can count for less on that text (a branch whose held-out logits are
+    small has little evidence; the number of its slots that fired cannot be had, as the first fit that gave those
+    logits is not kept). Row numbers in place of lengths, as ``sentence_form``."""
+    ngram = validation.ngram
+    table = torch.stack([mix_features(torch.as_tensor(validation.lengths()))[:, 1],
+                         torch.as_tensor(np.abs(transformer[:, 1] - transformer[:, 0]), dtype=torch.float32),
+                         torch.as_tensor(np.abs(ngram[:, 1] - ngram[:, 0]), dtype=torch.float32)], dim=1)
+
+    def features(rows: Tensor) -> Tensor:
+        return torch.cat([torch.ones(len(rows), 1), table[rows.long()]], dim=1)
+    return features, np.arange(len(validation.ids))
+
+
 def compare(validation: Validation, transformer: np.ndarray, split_at: list[int],
             ends: set[int]) -> dict[str, dict[str, float | None]]:
     y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
@@ -144,6 +161,8 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
                     for name, features_of in forms(split_at).items()})
     by_sentences, rows = sentence_form(validation, ends)
     systems["mix, log + sentences"] = cross_fitted(by_sentences, everything, everything, lengths=rows)
+    by_confidence, rows = confidence_form(validation, transformer)
+    systems["mix, log + confidences"] = cross_fitted(by_confidence, everything, everything, lengths=rows)
     # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
     # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
     reviews = validation.group == 0

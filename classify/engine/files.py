@@ -119,6 +119,22 @@ def load_tensors(path: str | Path, what: str = "weights") -> dict[str, torch.Ten
     return tensors
 
 
+def signed_column(matrix: torch.Tensor) -> torch.Tensor | None:
+    """(N, 2) whose two columns are exact negatives of each other (a two-class linear model fitted as one logit
+    difference, split symmetrically) -> column 1, (N,), from which negation restores column 0 bit for bit; None
+    for any other matrix."""
+    if matrix.dim() != 2 or matrix.shape[1] != 2 or not torch.equal(matrix[:, 0], -matrix[:, 1]):
+        return None
+    return matrix[:, 1].clone()   # a clone: not a strided view
+
+
+def exact_half(values: torch.Tensor) -> torch.Tensor:
+    """``values`` in float16 where every one of them is a float16 number (the n-gram fits round to them), in
+    half the bytes; otherwise unchanged."""
+    half = values.to(torch.float16)
+    return half if values.itemsize > half.itemsize and torch.equal(half.to(values.dtype), values) else values
+
+
 def pack_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
     """A floating-point matrix (N, C) as the rows that are not all zero, or None when that is not smaller.
 
@@ -133,12 +149,9 @@ def pack_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[st
         return None
     live = (matrix != 0).any(dim=1)                                      # (N,) rows that carry weight
     values = matrix[live]                                                # (K, C)
-    antisymmetric = matrix.shape[1] == 2 and torch.equal(values[:, 0], -values[:, 1])
-    if antisymmetric:
-        values = values[:, 1].clone()                                    # (K,); a clone: not a strided view
-    half = values.to(torch.float16)
-    if values.itemsize > half.itemsize and torch.equal(half.to(values.dtype), values):
-        values = half
+    column = signed_column(values)
+    antisymmetric = column is not None
+    values = exact_half(column if antisymmetric else values)
     rows = torch.from_numpy(np.packbits(live.numpy()))
     if rows.nbytes + values.nbytes >= matrix.nbytes:
         return None
