@@ -42,7 +42,8 @@ BATCH = 64
 
 def quantize(export_folder: Path, out: Path) -> Path:
     """A copy of an export with its MatMul weights in int8 (``onnxruntime.quantization.quantize_dynamic``:
-    activations quantized on the fly per batch). The n-gram table and embeddings are gathers, left in fp32."""
+    activations quantized on the fly per batch). The n-gram table and embeddings are gathers, left as they are
+    (the table float16, the embeddings fp32)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     shutil.copytree(export_folder, out, ignore=shutil.ignore_patterns(ONNX_MODEL))
