@@ -217,7 +217,8 @@ def test_mix_forms_refits_the_mix_on_the_runs_own_validation_texts(trained_run, 
     assert forms_main(["--runs", str(trained_run), "--split-at", "8", "64", "--results", str(tmp_path)]) == 0
     systems = json.loads((tmp_path / "mix_forms.json").read_text())["runs"][str(trained_run)]
     assert list(systems) == ["transformer", "ngram", "mix, log", "mix, hinge at 8", "mix, hinge at 64",
-                             "mix, split at 8", "mix, split at 64", "mix, log + sentences",
-                             "mix, log, fitted without the joins", "mix, log, fitted on reviews alone"]
+                             "mix, split at 8", "mix, split at 64", "mix, log + sentences", "mix, log + confidences",
+                             "mix, log, fitted without the joins", "mix, log, fitted on reviews alone",
+                             "mix, log, groups weighted alike"]
     assert all(0 <= v <= 1 for s in systems.values() for v in s.values() if v is not None)
     assert systems["mix, log, fitted on reviews alone"]["short"] is None   # scored on reviews only
