@@ -170,8 +170,8 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
         mix_features, validation.group != Validation.GROUPS.index("join"), everything)
     systems["mix, log, fitted on reviews alone"] = cross_fitted(mix_features, reviews, reviews)
     # Each group counting alike in the fit, as in the checkpoint's score (the mean of the groups' accuracies).
-    systems["mix, log, groups weighted alike"] = cross_fitted(mix_features, everything, everything,
-                                                              weights=1.0 / np.bincount(validation.group)[validation.group])
+    alike = 1.0 / np.bincount(validation.group)[validation.group]   # (N,) one over the size of the text's group
+    systems["mix, log, groups weighted alike"] = cross_fitted(mix_features, everything, everything, weights=alike)
     return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
                      for g, group in enumerate(Validation.GROUPS) if (rows := validation.group == g).any()}
             for system, p in systems.items()}

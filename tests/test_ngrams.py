@@ -151,7 +151,8 @@ def test_fitted_branch_separates_the_classes_and_matches_its_feature_matrix():
 def test_min_count_leaves_slots_too_few_reviews_have_without_weight():
     # Each review carries a fingerprint n-gram no other review has, and one of two shared sentiment words.
     labels = [i % 2 for i in range(60)]
-    ids = [[10 if y else 20, 30 + i % 20, 30 + i // 20] for i, y in enumerate(labels)]   # (30+i%20, 30+i//20): one review
+    # The bigram (30 + i % 20, 30 + i // 20) is review i's alone.
+    ids = [[10 if y else 20, 30 + i % 20, 30 + i // 20] for i, y in enumerate(labels)]
     counts = np.bincount(feature_matrix(NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0), ids).indices, minlength=BUCKETS)
     for min_count, rare_kept in ((1, True), (2, False)):
         bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
