@@ -9,7 +9,7 @@ The folder it writes::
       model.onnx        tokens (B, T) int64, right-padded with pad_id -> logits (B, C) float32: exactly
                         ``Classifier.forward`` (the transformer, the n-gram branch and their length-dependent mix),
                         B and T dynamic (1 <= T <= max_len); weights inside, fp32 but for the n-gram table
-                        (``SignedTableBag``)
+                        (``ngrams.SignedTableBag``)
       tokenizer.json    the run's tokenizer
       config.json       the run's config.json with kind "classifier-onnx": labels, the model's sizes (max_len,
                         pad_id), truncation; "export" says where it came from
@@ -38,16 +38,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 
 from .backends import OnnxBackend
 from .engine.config import HelpFormatter
-from .engine.files import exact_half, signed_column, write_json
+from .engine.files import write_json
 from .engine.runfolder import TOKENIZER
 from .errors import ClassifyError, run_cli
 from .inference import EXPORT_KIND, ONNX_MODEL, LoadedRun, load_run
 from .models import Classifier
-from .ngrams import NgramBag
+from .ngrams import SignedTableBag
 from .text.batching import pad_batch
 from .text.tokenize import SPECIAL_TOKENS
 
@@ -77,38 +76,6 @@ def quiet_exporter() -> Iterator[None]:
         finally:
             for logger, level in zip(loggers, levels):
                 logger.setLevel(level)
-
-
-class SignedTableBag(nn.Module):
-    """The n-gram branch as the graph holds it: (buckets + 1,) numbers instead of (buckets + 1, 2).
-
-    The graph cannot hold the table sparse (it looks a slot up by its index), and the dense table of the recipe's
-    16.8M slots in fp32 was 128 of the export's 146 MiB. A two-class branch's rows are (-d/2, d/2)
-    (``ngrams._fit_features``), so one column carries them all, and the fits round the weights to float16,
-    which stores that column exactly in half the bytes: as the run folder stores the rows that carry weight
-    (``engine.files.pack_rows``). The logits are the bag's own, bit for bit: the same
-    values summed in the same order, one of them negated.
-    """
-
-    def __init__(self, bag: NgramBag, column: Tensor):
-        super().__init__()
-        self.slots = bag.slots   # the hashing, its negation scope included; the bag's own table is not used
-        self.buckets = bag.buckets
-        self.register_buffer("column", column)   # (buckets + 1,): the second class's weights
-        self.register_buffer("bias", bag.bias.detach().clone())
-
-    @classmethod
-    def of(cls, bag: NgramBag) -> "SignedTableBag | None":
-        """The bag in one column, float16 where that is exact; None where its rows are not (-d, d)."""
-        column = signed_column(bag.weight.detach())
-        return None if column is None else cls(bag, exact_half(column))
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) -> logits (B, 2), as ``NgramBag.forward``."""
-        slots = self.slots(tokens)                                               # (B, L)
-        real = (slots != self.buckets).to(torch.float32)                         # (B, L); padding slots 0
-        half = (self.column[slots].to(torch.float32) * real).sum(dim=1)         # (B,)
-        return torch.stack([-half, half], dim=1) + self.bias
 
 
 @contextmanager

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .engine.files import exact_half, signed_column
 from .text.batching import pad_batch
 from .text.prepare import TokenIds
 
@@ -231,12 +232,52 @@ class NgramBag(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """tokens (B, T) -> logits (B, C)."""
-        slots = self.slots(tokens)                                          # (B, L)
-        real = (slots != self.buckets).unsqueeze(-1).to(self.weight.dtype)   # (B, L, 1); padding slots 0
-        # The rows gathered and summed: F.embedding_bag's sum within float rounding, as fast here, and ONNX exports
-        # it as Gather + ReduceSum, where embedding_bag becomes a loop over the bags that made the whole exported
-        # model 4.5x slower than PyTorch.
-        return (self.weight[slots] * real).sum(dim=1) + self.bias
+        return slot_sum(self.weight, self.slots(tokens), self.buckets) + self.bias
+
+
+def slot_sum(table: Tensor, slots: Tensor, padding: int) -> Tensor:
+    """Each row's sum of ``table``'s entries at its slots, the ``padding`` slot left out: table (S,) or (S, C),
+    slots (B, L) -> (B,) or (B, C), in the table's dtype or float32, whichever is wider (a float16 table is summed
+    in float32).
+
+    The entries gathered and summed: F.embedding_bag's sum within float rounding, as fast here, and ONNX exports
+    it as Gather + ReduceSum, where embedding_bag becomes a loop over the bags that made the whole exported model
+    4.5x slower than PyTorch."""
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    entries = table[slots].to(dtype)                                         # (B, L) or (B, L, C)
+    real = (slots != padding).to(dtype)                                      # (B, L); padding slots 0
+    return (entries * real.reshape(real.shape + (1,) * (entries.dim() - 2))).sum(dim=1)
+
+
+class SignedTableBag(nn.Module):
+    """A two-class ``NgramBag`` holding (buckets + 1,) numbers instead of (buckets + 1, 2): ``classify.export``'s
+    form of the branch.
+
+    An ONNX graph cannot hold the table sparse (it looks a slot up by its index), and the dense table of the
+    recipe's 16.8M slots in fp32 was 128 of the export's 146 MiB. A two-class branch's rows are (-d/2, d/2)
+    (``_fit_features``), so one column carries them all, and the fits round the weights to float16, which stores
+    that column exactly in half the bytes, as the run folder stores the rows that carry weight
+    (``engine.files.pack_rows``). The logits are the bag's own up to the order of a float32 sum, which the two
+    layouts may add in another order on long texts (an ulp: at most 1.2e-7 on IMDB reviews).
+    """
+
+    def __init__(self, bag: NgramBag, column: Tensor):
+        super().__init__()
+        self.slots = bag.slots   # the hashing, its negation scope included; the bag's own table is not used
+        self.buckets = bag.buckets
+        self.register_buffer("column", column)   # (buckets + 1,): the second class's weights
+        self.register_buffer("bias", bag.bias.detach().clone())
+
+    @classmethod
+    def of(cls, bag: NgramBag) -> "SignedTableBag | None":
+        """The bag in one column, float16 where that is exact; None where its rows are not (-d, d)."""
+        column = signed_column(bag.weight.detach())
+        return None if column is None else cls(bag, exact_half(column))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> logits (B, 2), as ``NgramBag.forward``."""
+        half = slot_sum(self.column, self.slots(tokens), self.buckets)            # (B,)
+        return torch.stack([-half, half], dim=1) + self.bias
 
 
 def feature_matrix(bag: NgramBag, ids: list[TokenIds], batch_size: int = 256):
@@ -291,8 +332,10 @@ def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.
     from sklearn.linear_model import LogisticRegression
 
     binary = bag.weight.shape[1] == 2
-    features = _common_columns(features, min_count)
-    seen, columns = _columns_in_use(features.indices, bag.buckets)                     # (K,), (nnz,)
+    kept = np.bincount(features.indices, minlength=bag.buckets) >= max(1, min_count)    # (buckets,) slots fitted
+    if min_count > 1:
+        features = _only_columns(features, kept)
+    seen, columns = _columns_in_use(features.indices, kept)                            # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value
     # of the scaled matrix is its column's ratio.
     scale = naive_bayes_ratios(features, y, weights=weights)[seen] if binary else np.ones(len(seen))  # (K,)
@@ -312,23 +355,21 @@ def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.
     bag.bias.copy_(bias)
 
 
-def _common_columns(features, min_count: int):
-    """The binary matrix (N, buckets) without the entries of columns fewer than ``min_count`` rows have."""
-    if min_count <= 1:
-        return features
+def _only_columns(features, kept: np.ndarray):
+    """The binary matrix (N, buckets) with only the entries of the ``kept`` (buckets,) columns."""
     import scipy.sparse as sp
 
-    keep = np.bincount(features.indices, minlength=features.shape[1])[features.indices] >= min_count   # (nnz,)
+    keep = kept[features.indices]                                                               # (nnz,)
     rows = np.repeat(np.arange(features.shape[0]), np.diff(features.indptr))[keep]
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=features.shape[0]))])
     return sp.csr_matrix((features.data[keep], features.indices[keep], indptr), shape=features.shape)
 
 
-def _columns_in_use(indices: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column indices (nnz,) of a matrix with ``buckets`` columns -> (the columns in use, sorted (K,), each index's
+def _columns_in_use(indices: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column indices (nnz,), all of ``kept`` (buckets,) columns -> (the kept columns, sorted (K,), each index's
     position among them (nnz,) int32)."""
-    seen = np.flatnonzero(np.bincount(indices, minlength=buckets))
-    position = np.zeros(buckets, dtype=np.int32)
+    seen = np.flatnonzero(kept)
+    position = np.zeros(len(kept), dtype=np.int32)
     position[seen] = np.arange(len(seen), dtype=np.int32)
     return seen, position[indices]
 

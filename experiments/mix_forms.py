@@ -110,31 +110,30 @@ def halves(validation: Validation, seed: int = 0) -> np.ndarray:
     return half
 
 
-def sentence_form(validation: Validation, ends: set[int]) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
-    """A form that also reads how many sentences a text has: 1, log(length) and log(1 + sentence ends).
-    ``fit_mix`` hands a form only what it is given as lengths, so this form is given row numbers and looks each
-    text's features up: returns the form and (N,) the row numbers to pass in place of the lengths."""
+def per_text_form(validation: Validation, *more: Tensor) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
+    """A form of 1, log(length) and ``more`` features of each text ((N,) each). ``fit_mix`` hands a form only what
+    it is given as lengths, so this form is given row numbers and looks each text's features up: returns the form
+    and (N,) the row numbers to pass in place of the lengths."""
     table = torch.stack([mix_features(torch.as_tensor(validation.lengths()))[:, 1],
-                         torch.tensor([math.log1p(sum(t in ends for t in ids)) for ids in validation.ids])], dim=1)
+                         *(m.to(torch.float32) for m in more)], dim=1)                   # (N, 1 + len(more))
 
     def features(rows: Tensor) -> Tensor:
         return torch.cat([torch.ones(len(rows), 1), table[rows.long()]], dim=1)
     return features, np.arange(len(validation.ids))
+
+
+def sentence_form(validation: Validation, ends: set[int]) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
+    """A form that also reads how many sentences a text has: log(1 + sentence ends) (``per_text_form``)."""
+    return per_text_form(validation, torch.tensor([math.log1p(sum(t in ends for t in ids)) for ids in validation.ids]))
 
 
 def confidence_form(validation: Validation, transformer: np.ndarray) -> tuple[Callable[[Tensor], Tensor], np.ndarray]:
-    """A form that also reads how sure each branch is: 1, log(length) and each branch's |logit difference|, so
+    """A form that also reads how sure each branch is: each branch's |logit difference| (``per_text_form``), so
     that a branch that found little to go on can count for less on that text (a branch whose held-out logits are
     small has little evidence; the number of its slots that fired cannot be had, as the first fit that gave those
-    logits is not kept). Row numbers in place of lengths, as ``sentence_form``."""
-    ngram = validation.ngram
-    table = torch.stack([mix_features(torch.as_tensor(validation.lengths()))[:, 1],
-                         torch.as_tensor(np.abs(transformer[:, 1] - transformer[:, 0]), dtype=torch.float32),
-                         torch.as_tensor(np.abs(ngram[:, 1] - ngram[:, 0]), dtype=torch.float32)], dim=1)
-
-    def features(rows: Tensor) -> Tensor:
-        return torch.cat([torch.ones(len(rows), 1), table[rows.long()]], dim=1)
-    return features, np.arange(len(validation.ids))
+    logits is not kept)."""
+    return per_text_form(validation, *(torch.as_tensor(np.abs(logits[:, 1] - logits[:, 0]))
+                                       for logits in (transformer, validation.ngram)))
 
 
 def compare(validation: Validation, transformer: np.ndarray, split_at: list[int],
