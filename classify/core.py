@@ -188,6 +188,10 @@ class MultiHeadAttention(nn.Module):
             out = F.dropout(weights, p=dropout_p) @ v
         else:
             weights = None
+            if mask is not None and _capturing():
+                # ONNX's Attention operator (opset 23, what the exporter makes of this call) wants the mask's
+                # query dimension spelled out; ONNX Runtime does not broadcast it. A view, no copy.
+                mask = mask.expand(*mask.shape[:-2], q.shape[-2], mask.shape[-1])
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, Tq, Dh)
             if empty_rows is not None:
                 out = out.masked_fill(empty_rows, 0.0)

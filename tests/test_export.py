@@ -76,6 +76,15 @@ def test_the_graph_holds_the_ngram_table_as_one_float16_column(trained_run, expo
     assert tables == {(bag.buckets + 1,): onnx.TensorProto.FLOAT16}
 
 
+def test_attention_is_one_operator_per_block(trained_run, exported):
+    """The fast path: ONNX's Attention operator, not its decomposition into matrix products, masks and softmax."""
+    import onnx
+
+    config = load_run(trained_run, torch.device("cpu")).model.config
+    ops = [node.op_type for node in onnx.load(str(exported / ONNX_MODEL)).graph.node]
+    assert ops.count("Attention") == config.num_layers and "Softmax" not in ops
+
+
 def test_the_one_column_bag_gives_the_bags_logits_and_only_where_it_can():
     from classify.ngrams import NgramBag, SignedTableBag
 
