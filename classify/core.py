@@ -42,6 +42,8 @@ __all__ = [
     "Decoder",
     "Embedding",
     "sinusoidal_positions",
+    "RotaryEmbedding",
+    "POSITIONAL",
 ]
 
 
@@ -107,7 +109,8 @@ class MultiHeadAttention(nn.Module):
     softmax(QK^T/sqrt(Dh))V path instead and returns the per-head weights.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True):
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 rotary: "RotaryEmbedding | None" = None):
         super().__init__()
         if d_model % num_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
@@ -117,6 +120,12 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # rows: [W_q; W_k; W_v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # Self-attention only: queries and keys rotated by their positions (``RotaryEmbedding``).
+        self.rotary = rotary
+
+    def _rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """(B, H, T, Dh) at positions offset.. -> rotated by them (with ``rotary``), else unchanged."""
+        return x if self.rotary is None else self.rotary(x, offset)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh)"""
@@ -130,9 +139,11 @@ class MultiHeadAttention(nn.Module):
         if query is key and key is value and cache is None:
             # Self-attention: one fused matmul for all three projections.
             q, k, v = self.in_proj(query).split(d, dim=-1)
-            return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            return self._rotate(self._split_heads(q)), self._rotate(self._split_heads(k)), self._split_heads(v)
         bq, bk, bv = (None, None, None) if b is None else b.split(d)
-        q = self._split_heads(F.linear(query, w[:d], bq))
+        # Incremental decoding: the new positions follow the cached ones, whose keys were rotated when cached.
+        offset = cache.length if cache is not None and not cache.static else 0
+        q = self._rotate(self._split_heads(F.linear(query, w[:d], bq)), offset)
         if cache is not None and cache.static and cache.key is not None:
             return q, cache.key, cache.value  # cross-attention memory already projected
         wk, wv = w[d : 2 * d], w[2 * d :]
@@ -140,7 +151,7 @@ class MultiHeadAttention(nn.Module):
             k, v = F.linear(key, torch.cat([wk, wv]), None if b is None else torch.cat([bk, bv])).split(d, dim=-1)
         else:
             k, v = F.linear(key, wk, bk), F.linear(value, wv, bv)
-        k, v = self._split_heads(k), self._split_heads(v)
+        k, v = self._rotate(self._split_heads(k), offset), self._split_heads(v)
         if cache is not None:
             if not cache.static and cache.key is not None:
                 k = torch.cat([cache.key, k], dim=2)
@@ -251,12 +262,12 @@ class EncoderBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = True,
-                 attention_dropout: float | None = None):
+                 attention_dropout: float | None = None, rotary: RotaryEmbedding | None = None):
         super().__init__()
         # Dropout on the attention weights; None = ``dropout`` (as nn.Transformer). On CPU, SDPA with
         # dropout leaves its fused kernel: 0 trains 1.4-1.75x faster (experiments/results/bench.md).
         attention_dropout = dropout if attention_dropout is None else attention_dropout
-        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout, rotary=rotary)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.attn_residual = _Residual(d_model, dropout, norm_first)
         self.ff_residual = _Residual(d_model, dropout, norm_first)
@@ -275,10 +286,10 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = True,
-                 attention_dropout: float | None = None):
+                 attention_dropout: float | None = None, rotary: RotaryEmbedding | None = None):
         super().__init__()
         attention_dropout = dropout if attention_dropout is None else attention_dropout  # see EncoderBlock
-        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention_dropout, rotary=rotary)
         self.cross_attn = MultiHeadAttention(d_model, num_heads, attention_dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout, activation)
         self.self_residual = _Residual(d_model, dropout, norm_first)
@@ -295,14 +306,15 @@ class DecoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-    """A stack of encoder blocks; with pre-LN, a final LayerNorm (the last residual is un-normalised)."""
+    """A stack of encoder blocks; with pre-LN, a final LayerNorm (the last residual is un-normalised).
+    ``rotary``: positions as rotations of every block's queries and keys (one table, shared)."""
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = True,
-                 attention_dropout: float | None = None):
+                 attention_dropout: float | None = None, rotary: RotaryEmbedding | None = None):
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first, attention_dropout)
+            EncoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first, attention_dropout, rotary)
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
@@ -315,14 +327,14 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """A stack of decoder blocks; with pre-LN, a final LayerNorm."""
+    """A stack of decoder blocks; with pre-LN, a final LayerNorm. ``rotary``: as ``Encoder``'s (self-attention)."""
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = True,
-                 attention_dropout: float | None = None):
+                 attention_dropout: float | None = None, rotary: RotaryEmbedding | None = None):
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first, attention_dropout)
+            DecoderBlock(d_model, num_heads, d_ff, dropout, activation, norm_first, attention_dropout, rotary)
             for _ in range(num_layers)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
@@ -351,26 +363,57 @@ def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
     return pe
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary positions (Su et al. 2021, "RoFormer"): the features of a query or key, in pairs (i, i + Dh/2), are
+    rotated by the angle ``position * base^(-2i/Dh)``. A rotation preserves lengths and q . k then depends on the
+    two positions only through their difference: attention sees how far apart two words are, not where they sit,
+    so "not" beside "boring" looks the same at word 5 as at word 400. Nothing is added to the token vectors.
+
+    x (B, H, T, Dh) at positions ``offset``, ..., ``offset + T - 1`` -> the same shape, rotated."""
+
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head size, got {head_dim}")
+        self.max_len = max_len
+        frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)    # (Dh/2,)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * frequencies               # (max_len, Dh/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        t = x.shape[-2]
+        cos, sin = self.cos[offset : offset + t].to(x.dtype), self.sin[offset : offset + t].to(x.dtype)  # (T, Dh/2)
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+POSITIONAL = ("learned", "sinusoidal", "rotary")
+
+
 class Embedding(nn.Module):
     """Token embedding plus position encoding, then dropout. tokens (B, T) -> (B, T, D).
 
     ``positional="learned"`` is Bloem's (a trained vector per position);
     ``"sinusoidal"`` is Vaswani's (fixed). Vaswani multiply token embeddings by
     sqrt(D) so they are not drowned by the unit-scale sinusoids; ``scale=None``
-    picks that for sinusoidal and 1 for learned positions.
+    picks that for sinusoidal and 1 for learned positions. ``"rotary"`` adds nothing here: the attention
+    rotates its queries and keys instead (``RotaryEmbedding``, which the model gives its encoder).
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float = 0.1,
                  positional: str = "learned", padding_idx: int | None = None, scale: float | None = None):
         super().__init__()
-        if positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
+        if positional not in POSITIONAL:
+            raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.max_len = max_len
         if positional == "learned":
             self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
-        else:
+        elif positional == "sinusoidal":
             self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
+        else:
+            self.positions = None
         self.scale = scale if scale is not None else (math.sqrt(d_model) if positional == "sinusoidal" else 1.0)
         self.dropout = nn.Dropout(dropout)
 
@@ -379,5 +422,7 @@ class Embedding(nn.Module):
         t = tokens.shape[1]
         if offset + t > self.max_len:
             raise ValueError(f"sequence of length {offset + t} exceeds max_len {self.max_len}")
-        x = self.tokens(tokens) * self.scale + self.positions[offset : offset + t]
+        x = self.tokens(tokens) * self.scale
+        if self.positions is not None:
+            x = x + self.positions[offset : offset + t]
         return self.dropout(x)

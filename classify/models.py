@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import (Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
-                   padding_mask)
+from .core import (POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, RotaryEmbedding, causal_mask,
+                   combine_masks, padding_mask)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
 
@@ -72,8 +72,14 @@ class _Config:
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
         positional = self.positional  # type: ignore[attr-defined]
-        if positional not in ("learned", "sinusoidal"):
-            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
+        if positional not in POSITIONAL:
+            raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
+
+
+def rotary_positions(config: _Config) -> RotaryEmbedding | None:
+    """The rotation table the self-attention of a ``positional="rotary"`` model shares (None for the others)."""
+    c = config
+    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional == "rotary" else None  # type: ignore[attr-defined]
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -98,7 +104,7 @@ class ClassifierConfig(_Config):
     dropout: float = 0.1
     pad_id: int = 0
     pooling: str = "mean"          # "mean" | "max" | "first" | "attention" (over real tokens only)
-    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani)
+    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.)
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
@@ -170,7 +176,7 @@ class Classifier(nn.Module):
         self.config = c = ClassifierConfig.given(config, kwargs)
         self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first,
-                               c.attention_dropout)
+                               c.attention_dropout, rotary_positions(c))
         # Attention pooling: one learned query attends over the token vectors with the encoder's own attention, so
         # a verdict can outweigh the rest of a text (mean pooling gives every token the same say).
         self.pool_attention = (MultiHeadAttention(c.d_model, c.num_heads, c.dropout if c.attention_dropout is None
@@ -278,7 +284,8 @@ class Transformer(nn.Module):
         self.config = c = TransformerConfig.given(config, kwargs)
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
-        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.attention_dropout)
+        layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.attention_dropout,
+                      rotary_positions(c))
         self.encoder = Encoder(c.num_encoder_layers, *layer_args)
         self.decoder = Decoder(c.num_decoder_layers, *layer_args)
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)

@@ -59,11 +59,12 @@ def test_invalid_sizes_rejected():
 
 
 # ------------------------------------------------------------------------- classifier
-@pytest.mark.parametrize("pooling", ["mean", "max", "first", "attention"])
-def test_padding_does_not_change_classifier_logits(pooling):
+@pytest.mark.parametrize("pooling, positional", [("mean", "learned"), ("max", "learned"), ("first", "learned"),
+                                                 ("attention", "learned"), ("mean", "rotary")])
+def test_padding_does_not_change_classifier_logits(pooling, positional):
     torch.manual_seed(0)
     model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=40,
-                       pooling=pooling).eval()
+                       pooling=pooling, positional=positional).eval()
     if pooling == "attention":   # a query that prefers some tokens (zero weighs them all alike)
         nn.init.normal_(model.pool_query, std=1.0)
     tokens = torch.randint(1, 50, (1, 7))
@@ -149,9 +150,12 @@ def test_source_padding_does_not_change_decoder_outputs():
     torch.testing.assert_close(model(padded, tgt), model(src, tgt), rtol=1e-5, atol=1e-6)
 
 
-def test_cached_greedy_equals_full_rerun_and_beam_one():
+@pytest.mark.parametrize("positional", ["sinusoidal", "rotary"])
+def test_cached_greedy_equals_full_rerun_and_beam_one(positional):
     torch.manual_seed(0)
-    model = tiny_transformer()
+    model = tiny_transformer(positional=positional)
+    with torch.no_grad():   # a trained model never emits padding; the rerun would mask it, the cache would not
+        model.generator.bias[model.config.pad_id] = -1e4
     src = torch.randint(3, 20, (4, 7))
     cached = generate(model, src, max_new_tokens=10, bos_id=1, eos_id=2)
     rerun = generate(model, src, max_new_tokens=10, bos_id=1, eos_id=2, use_cache=False)
