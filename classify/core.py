@@ -110,7 +110,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rotary: "RotaryEmbedding | None" = None):
+                 rotary: RotaryEmbedding | None = None):
         super().__init__()
         if d_model % num_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
@@ -123,27 +123,29 @@ class MultiHeadAttention(nn.Module):
         # Self-attention only: queries and keys rotated by their positions (``RotaryEmbedding``).
         self.rotary = rotary
 
-    def _rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """(B, H, T, Dh) at positions offset.. -> rotated by them (with ``rotary``), else unchanged."""
-        return x if self.rotary is None else self.rotary(x, offset)
-
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """(B, T, D) -> (B, H, T, Dh)"""
+    def _split_heads(self, x: Tensor, offset: int | None = None) -> Tensor:
+        """(B, T, n * Dh) -> (B, n, T, Dh) (n: H, or 2H for queries and keys side by side); rotated by positions
+        ``offset``, ``offset + 1``, ... when an offset is given and this attention has a rotary table."""
         b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        x = x.view(b, t, -1, self.head_dim)
+        if offset is not None and self.rotary is not None:
+            x = self.rotary(x, offset)
+        return x.transpose(1, 2)
 
     def _project(self, query: Tensor, key: Tensor, value: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Input projections -> q, k, v, each (B, H, T, Dh), using/updating ``cache``."""
         w, b = self.in_proj.weight, self.in_proj.bias
         d = self.d_model
         if query is key and key is value and cache is None:
-            # Self-attention: one fused matmul for all three projections.
-            q, k, v = self.in_proj(query).split(d, dim=-1)
-            return self._rotate(self._split_heads(q)), self._rotate(self._split_heads(k)), self._split_heads(v)
+            # Self-attention: one fused matmul for all three projections; queries and keys are rotated in one
+            # pass, as 2H heads (on a CPU each elementwise pass over small tensors costs more than its arithmetic).
+            qk, v = self.in_proj(query).split([2 * d, d], dim=-1)                                # (B, T, 2D), (B, T, D)
+            q, k = self._split_heads(qk, 0).split(self.num_heads, dim=1)
+            return q, k, self._split_heads(v)
         bq, bk, bv = (None, None, None) if b is None else b.split(d)
         # Incremental decoding: the new positions follow the cached ones, whose keys were rotated when cached.
         offset = cache.length if cache is not None and not cache.static else 0
-        q = self._rotate(self._split_heads(F.linear(query, w[:d], bq)), offset)
+        q = self._split_heads(F.linear(query, w[:d], bq), offset)
         if cache is not None and cache.static and cache.key is not None:
             return q, cache.key, cache.value  # cross-attention memory already projected
         wk, wv = w[d : 2 * d], w[2 * d :]
@@ -151,7 +153,7 @@ class MultiHeadAttention(nn.Module):
             k, v = F.linear(key, torch.cat([wk, wv]), None if b is None else torch.cat([bk, bv])).split(d, dim=-1)
         else:
             k, v = F.linear(key, wk, bk), F.linear(value, wv, bv)
-        k, v = self._rotate(self._split_heads(k), offset), self._split_heads(v)
+        k, v = self._split_heads(k, offset), self._split_heads(v)
         if cache is not None:
             if not cache.static and cache.key is not None:
                 k = torch.cat([cache.key, k], dim=2)
@@ -369,7 +371,7 @@ class RotaryEmbedding(nn.Module):
     two positions only through their difference: attention sees how far apart two words are, not where they sit,
     so "not" beside "boring" looks the same at word 5 as at word 400. Nothing is added to the token vectors.
 
-    x (B, H, T, Dh) at positions ``offset``, ..., ``offset + T - 1`` -> the same shape, rotated."""
+    x (B, T, n, Dh), n heads, at positions ``offset``, ..., ``offset + T - 1`` -> the same shape, rotated."""
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
         super().__init__()
@@ -382,8 +384,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        t = x.shape[-2]
-        cos, sin = self.cos[offset : offset + t].to(x.dtype), self.sin[offset : offset + t].to(x.dtype)  # (T, Dh/2)
+        t = x.shape[1]
+        cos, sin = (table[offset : offset + t, None].to(x.dtype) for table in (self.cos, self.sin))   # (T, 1, Dh/2)
         first, second = x.chunk(2, dim=-1)
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 

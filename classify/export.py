@@ -9,7 +9,7 @@ The folder it writes::
       model.onnx        tokens (B, T) int64, right-padded with pad_id -> logits (B, C) float32: exactly
                         ``Classifier.forward`` (the transformer, the n-gram branch and their length-dependent mix),
                         B and T dynamic (1 <= T <= max_len); weights inside, fp32 but for the n-gram table
-                        (``ngrams.SignedTableBag``)
+                        (one float16 column: ``ngrams.NgramBag.compact``)
       tokenizer.json    the run's tokenizer
       config.json       the run's config.json with kind "classifier-onnx": labels, the model's sizes (max_len,
                         pad_id), truncation; "export" says where it came from
@@ -46,7 +46,6 @@ from .engine.runfolder import TOKENIZER
 from .errors import ClassifyError, run_cli
 from .inference import EXPORT_KIND, ONNX_MODEL, LoadedRun, load_run
 from .models import Classifier
-from .ngrams import SignedTableBag
 from .text.batching import pad_batch
 from .text.tokenize import SPECIAL_TOKENS
 
@@ -80,21 +79,6 @@ def quiet_exporter() -> Iterator[None]:
                 logger.setLevel(level)
 
 
-@contextmanager
-def compact_branch(model: Classifier) -> Iterator[None]:
-    """``model`` with its n-gram branch as a ``SignedTableBag`` where that is exact, put back on leaving."""
-    bag = model.ngram
-    compact = SignedTableBag.of(bag) if bag is not None else None
-    if compact is None:
-        yield
-        return
-    model.ngram = compact
-    try:
-        yield
-    finally:
-        model.ngram = bag
-
-
 def export_graph(run: LoadedRun, path: Path) -> None:
     """Write ``run``'s classifier to ``path`` as ONNX, batch and sequence length dynamic."""
     model = run.model
@@ -103,7 +87,7 @@ def export_graph(run: LoadedRun, path: Path) -> None:
     example = example[:, : min(run.max_len, 8)]
     dynamic = {"tokens": {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC}}
     try:
-        with quiet_exporter(), compact_branch(model):
+        with quiet_exporter():
             torch.onnx.export(model, (example,), str(path), dynamo=True, input_names=["tokens"],
                               output_names=["logits"], dynamic_shapes=dynamic, opset_version=OPSET,
                               external_data=False, optimize=True, verbose=False)

@@ -95,6 +95,8 @@ def load_run(path: str | Path, device: torch.device, dtype: torch.dtype | None =
     config, model_config, tokenizer, labels, truncation = _read(path, KIND)
     model = Classifier(model_config)
     load_model_weights(model, path / WEIGHTS)
+    if model.ngram is not None:
+        model.ngram.compact()   # a quarter of the table's memory; nothing here fits or saves it
     backend = TorchBackend(model.to(device), device, dtype)
     return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
 

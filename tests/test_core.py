@@ -160,10 +160,10 @@ def test_attention_dropout_only_in_training():
 def test_rotary_positions_are_complex_rotations_by_position():
     """A peer formulation: each feature pair (i, i + Dh/2) as a complex number, times exp(1j * position * f_i)."""
     rotary = RotaryEmbedding(head_dim=8, max_len=40)
-    x = torch.randn(2, 3, 10, 8)                                         # (B, H, T, Dh)
+    x = torch.randn(2, 10, 3, 8)                                         # (B, T, H, Dh)
     frequencies = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
-    positions = torch.arange(5, 15, dtype=torch.float64)[:, None]
-    z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones(10, 4, dtype=torch.float64), positions * frequencies)
+    angles = torch.arange(5, 15, dtype=torch.float64)[:, None, None] * frequencies   # (T, 1, Dh/2)
+    z = torch.complex(x[..., :4], x[..., 4:]) * torch.polar(torch.ones_like(angles), angles)
     torch.testing.assert_close(rotary(x, offset=5), torch.cat([z.real, z.imag], dim=-1), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="even"):
         RotaryEmbedding(head_dim=7, max_len=4)
@@ -173,11 +173,15 @@ def test_rotary_attention_sees_distances_not_places():
     """q . k after rotation depends on the two positions only through their difference: a text attends alike
     wherever it starts."""
     rotary = RotaryEmbedding(head_dim=8, max_len=64)
-    q, k = torch.randn(1, 1, 6, 8), torch.randn(1, 1, 6, 8)
-    scores = [rotary(q, offset) @ rotary(k, offset).transpose(-2, -1) for offset in (0, 17, 50)]
-    torch.testing.assert_close(scores[1], scores[0], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(scores[2], scores[0], rtol=1e-6, atol=1e-6)
-    assert not torch.allclose(scores[0], q @ k.transpose(-2, -1))
+    q, k = torch.randn(1, 6, 1, 8), torch.randn(1, 6, 1, 8)                  # (B, T, H, Dh)
+
+    def scores(q, k):
+        return q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1)       # (B, H, T, T)
+
+    at = [scores(rotary(q, offset), rotary(k, offset)) for offset in (0, 17, 50)]
+    torch.testing.assert_close(at[1], at[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(at[2], at[0], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(at[0], scores(q, k))
 
 
 @pytest.mark.parametrize("rotary", [False, True])

@@ -86,33 +86,6 @@ def test_attention_is_one_operator_per_block(trained_run, exported):
     assert ops.count("Attention") == config.num_layers and "Softmax" not in ops
 
 
-def test_the_one_column_bag_gives_the_bags_logits_and_only_where_it_can():
-    from classify.ngrams import NgramBag, SignedTableBag
-
-    bag = NgramBag(50, 2, 3, 1009, pad_id=0, skip_bigrams=True, tail=5)
-    d = torch.randn(1010).half().float()
-    d[-1] = 0
-    with torch.no_grad():
-        bag.weight.copy_(torch.stack([-d, d], dim=1) / 2)   # as the fits store a two-class branch
-        bag.bias.copy_(torch.tensor([0.3, -0.3]))
-    # Short texts, and a long one whose sum the two layouts may add in another order (an ulp apart).
-    tokens = pad_batch([[5, 6, 7, 8, 9, 10], [11], [3, 4, 5], [3 + i % 47 for i in range(400)]], 0)
-
-    def same_logits(compact) -> bool:
-        ours, theirs = compact(tokens), bag(tokens)
-        return torch.equal(ours[:3], theirs[:3]) and torch.allclose(ours, theirs, atol=1e-5, rtol=0)
-
-    compact = SignedTableBag.of(bag)
-    assert compact.column.dtype == torch.float16 and same_logits(compact)
-    with torch.no_grad():
-        bag.weight[3] += torch.tensor([-1e-4, 1e-4])   # not float16 any more: a float32 column, still exact
-    compact = SignedTableBag.of(bag)
-    assert compact.column.dtype == torch.float32 and same_logits(compact)
-    with torch.no_grad():
-        bag.weight[3, 0] += 1.0    # rows no longer (-d, d): the table stays as it is
-    assert SignedTableBag.of(bag) is None
-
-
 def test_the_export_folder_holds_what_the_runtime_needs(trained_run, exported):
     assert sorted(p.name for p in exported.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
     config = json.loads((exported / "config.json").read_text())

@@ -460,3 +460,35 @@ def test_resume_state_holds_the_frozen_branch_compactly_and_no_optimizer_state_f
         restored.ngram.weight.zero_()
     files.load_model_weights(restored, weights)
     assert torch.equal(restored.ngram.weight, model.ngram.weight)
+
+
+def test_a_compact_bag_gives_the_bags_logits_and_explanations_and_compacts_only_where_it_can():
+    """``NgramBag.compact``: the table as one float16 column, what inference and the export hold."""
+    import copy
+
+    bag = NgramBag(50, 2, 3, 1009, pad_id=0, skip_bigrams=True, tail=5)
+    d = torch.randn(1010).half().float()
+    d[-1] = 0
+    with torch.no_grad():
+        bag.weight.copy_(torch.stack([-d, d], dim=1) / 2)   # as the fits store a two-class branch
+        bag.bias.copy_(torch.tensor([0.3, -0.3]))
+    # Short texts, and a long one whose sum the two layouts may add in another order (an ulp apart).
+    tokens = pad_batch([[5, 6, 7, 8, 9, 10], [11], [3, 4, 5], [3 + i % 47 for i in range(400)]], 0)
+    direction = torch.tensor([-1.0, 1.0])
+
+    def compacted(dtype: torch.dtype) -> NgramBag:
+        compact = copy.deepcopy(bag)
+        assert compact.compact() and compact.column.dtype == dtype and not hasattr(compact, "weight")
+        ours, theirs = compact(tokens), bag(tokens)
+        assert torch.equal(ours[:3], theirs[:3]) and torch.allclose(ours, theirs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(compact.token_contributions([5, 6, 7, 8], direction),
+                                   bag.token_contributions([5, 6, 7, 8], direction), rtol=1e-6)
+        return compact
+
+    assert not compacted(torch.float16).compact()              # once is enough
+    with torch.no_grad():
+        bag.weight[3] += torch.tensor([-1e-4, 1e-4])   # not float16 any more: a float32 column, still exact
+    compacted(torch.float32)
+    with torch.no_grad():
+        bag.weight[3, 0] += 1.0    # rows no longer (-d, d): the table stays as it is
+    assert not bag.compact() and bag.column is None and bag.weight.shape == (1010, 2)
