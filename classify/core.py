@@ -390,7 +390,9 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
-POSITIONAL = ("learned", "sinusoidal", "rotary")
+# "learned+rotary": both, a learned vector per position (where a word sits: the end of a text) and rotated
+# queries and keys (how far apart two words are).
+POSITIONAL = ("learned", "sinusoidal", "rotary", "learned+rotary")
 
 
 class Embedding(nn.Module):
@@ -400,7 +402,8 @@ class Embedding(nn.Module):
     ``"sinusoidal"`` is Vaswani's (fixed). Vaswani multiply token embeddings by
     sqrt(D) so they are not drowned by the unit-scale sinusoids; ``scale=None``
     picks that for sinusoidal and 1 for learned positions. ``"rotary"`` adds nothing here: the attention
-    rotates its queries and keys instead (``RotaryEmbedding``, which the model gives its encoder).
+    rotates its queries and keys instead (``RotaryEmbedding``, which the model gives its encoder);
+    ``"learned+rotary"`` adds the learned vectors and the attention rotates too.
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float = 0.1,
@@ -410,7 +413,7 @@ class Embedding(nn.Module):
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.max_len = max_len
-        if positional == "learned":
+        if positional.startswith("learned"):
             self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
         elif positional == "sinusoidal":
             self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)

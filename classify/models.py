@@ -79,7 +79,7 @@ class _Config:
 def rotary_positions(config: _Config) -> RotaryEmbedding | None:
     """The rotation table the self-attention of a ``positional="rotary"`` model shares (None for the others)."""
     c = config
-    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional == "rotary" else None  # type: ignore[attr-defined]
+    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional.endswith("rotary") else None  # type: ignore[attr-defined]
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -104,7 +104,7 @@ class ClassifierConfig(_Config):
     dropout: float = 0.1
     pad_id: int = 0
     pooling: str = "mean"          # "mean" | "max" | "first" | "attention" (over real tokens only)
-    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.)
+    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.) | both
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too

@@ -60,7 +60,8 @@ def test_invalid_sizes_rejected():
 
 # ------------------------------------------------------------------------- classifier
 @pytest.mark.parametrize("pooling, positional", [("mean", "learned"), ("max", "learned"), ("first", "learned"),
-                                                 ("attention", "learned"), ("mean", "rotary")])
+                                                 ("attention", "learned"), ("mean", "rotary"),
+                                                 ("mean", "learned+rotary")])
 def test_padding_does_not_change_classifier_logits(pooling, positional):
     torch.manual_seed(0)
     model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=40,
