@@ -377,7 +377,6 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary positions need an even head size, got {head_dim}")
-        self.max_len = max_len
         frequencies = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)    # (Dh/2,)
         angles = torch.arange(max_len, dtype=torch.float64)[:, None] * frequencies               # (max_len, Dh/2)
         self.register_buffer("cos", angles.cos().float(), persistent=False)

@@ -76,10 +76,10 @@ class _Config:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
 
 
-def rotary_positions(config: _Config) -> RotaryEmbedding | None:
-    """The rotation table the self-attention of a ``positional="rotary"`` model shares (None for the others)."""
-    c = config
-    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional.endswith("rotary") else None  # type: ignore[attr-defined]
+def rotary_positions(c: Any) -> RotaryEmbedding | None:
+    """The rotation table that a model with rotary positions ("rotary", "learned+rotary") shares among its
+    self-attentions; None for the others. ``c``: a ``ClassifierConfig`` or ``TransformerConfig``."""
+    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional.endswith("rotary") else None
 
 
 def _init_weights(module: nn.Module) -> None:

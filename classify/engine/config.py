@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import ClassifyError
 from ..core import POSITIONAL
+from ..errors import ClassifyError
 from ..models import POOLINGS
 from ..text.tokenize import KINDS, TRUNCATIONS
 from .device import PRECISIONS, autocast_dtype, resolve_device
@@ -101,9 +101,9 @@ MODEL_SETTINGS = {
                                  "CPU, where SDPA with dropout cannot use its fused kernel"),
     "pooling": Setting("how token vectors become one: their mean, maximum, the first, or attention (a learned "
                        "query weighs them)", choices=POOLINGS),
-    "positional": Setting("position encoding: a learned vector per position (Bloem), fixed sinusoids (Vaswani), or "
-                          "rotary (queries and keys rotated by position: attention sees distances), or learned+rotary",
-                          choices=POSITIONAL),
+    "positional": Setting("position encoding: a learned vector per position (Bloem), fixed sinusoids (Vaswani), "
+                          "rotary (queries and keys rotated by position: attention sees distances) or "
+                          "learned+rotary (both)", choices=POSITIONAL),
     "norm_first": Setting("pre-LayerNorm blocks; --no-norm-first gives post-LN blocks (Bloem / the original paper)",
                           sets={"--post-ln": False}),
     "mask_padding": Setting("attention and pooling ignore padding; --no-mask-padding lets them see it (reproduces "
