@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,6 +98,14 @@ def test_workers_share_the_port_add_up_their_metrics_and_a_dead_worker_is_replac
         metrics = scrape(url)
         assert predictions(metrics) == 7   # the dead worker's requests still count: a counter never goes down
         assert [v for _, v in metrics["classify_queue_texts"]] == [0]
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_server_lets_idle_torch_threads_sleep_unless_told_otherwise(given, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
+    code = "import os, classify.serve.__main__, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == expected, out.stderr
 
 
 def test_load_generator_records_every_mode_without_failures(trained_run, parquet_data, tmp_path):
