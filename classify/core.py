@@ -43,6 +43,7 @@ __all__ = [
     "Embedding",
     "sinusoidal_positions",
     "RotaryEmbedding",
+    "rotary_positions",
     "POSITIONAL",
 ]
 
@@ -392,6 +393,12 @@ class RotaryEmbedding(nn.Module):
 # "learned+rotary": both, a learned vector per position (where a word sits: the end of a text) and rotated
 # queries and keys (how far apart two words are).
 POSITIONAL = ("learned", "sinusoidal", "rotary", "learned+rotary")
+
+
+def rotary_positions(positional: str, head_dim: int, max_len: int) -> RotaryEmbedding | None:
+    """The rotation table that a model with ``positional`` positions shares among its self-attentions ("rotary",
+    "learned+rotary"); None for the others (``Embedding`` reads the same name for what it adds)."""
+    return RotaryEmbedding(head_dim, max_len) if positional.endswith("rotary") else None
 
 
 class Embedding(nn.Module):

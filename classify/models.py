@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import (POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, RotaryEmbedding, causal_mask,
-                   combine_masks, padding_mask)
+from .core import (POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
+                   padding_mask, rotary_positions)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
 
@@ -74,12 +74,6 @@ class _Config:
         positional = self.positional  # type: ignore[attr-defined]
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
-
-
-def rotary_positions(c: Any) -> RotaryEmbedding | None:
-    """The rotation table that a model with rotary positions ("rotary", "learned+rotary") shares among its
-    self-attentions; None for the others. ``c``: a ``ClassifierConfig`` or ``TransformerConfig``."""
-    return RotaryEmbedding(c.d_model // c.num_heads, c.max_len) if c.positional.endswith("rotary") else None
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -176,7 +170,7 @@ class Classifier(nn.Module):
         self.config = c = ClassifierConfig.given(config, kwargs)
         self.embed = Embedding(c.vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first,
-                               c.attention_dropout, rotary_positions(c))
+                               c.attention_dropout, rotary_positions(c.positional, c.d_model // c.num_heads, c.max_len))
         # Attention pooling: one learned query attends over the token vectors with the encoder's own attention, so
         # a verdict can outweigh the rest of a text (mean pooling gives every token the same say).
         self.pool_attention = (MultiHeadAttention(c.d_model, c.num_heads, c.dropout if c.attention_dropout is None
@@ -285,7 +279,7 @@ class Transformer(nn.Module):
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, c.max_len, c.dropout, c.positional, padding_idx=c.pad_id)
         layer_args = (c.d_model, c.num_heads, c.d_ff, c.dropout, c.activation, c.norm_first, c.attention_dropout,
-                      rotary_positions(c))
+                      rotary_positions(c.positional, c.d_model // c.num_heads, c.max_len))
         self.encoder = Encoder(c.num_encoder_layers, *layer_args)
         self.decoder = Decoder(c.num_decoder_layers, *layer_args)
         self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
