@@ -17,8 +17,7 @@ import sys
 
 # Before torch loads: libgomp reads this once. Its threads spin for a while after each parallel region by
 # default, on the cores the event loop needs for the next requests and the last answers; sleeping ones serve
-# 13% more requests/s on two threads, for 1.2 ms more on a lone review (experiments/RESULTS.md, fifteenth
-# session). The user's own setting wins.
+# 13% more requests/s on two threads (experiments/RESULTS.md, fifteenth session). The user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from rich.console import Console  # noqa: E402
