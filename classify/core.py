@@ -45,6 +45,7 @@ __all__ = [
     "RotaryEmbedding",
     "rotary_positions",
     "POSITIONAL",
+    "FROM_END",
 ]
 
 
@@ -390,9 +391,12 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
-# "learned+rotary": both, a learned vector per position (where a word sits: the end of a text) and rotated
-# queries and keys (how far apart two words are).
-POSITIONAL = ("learned", "sinusoidal", "rotary", "learned+rotary")
+# "learned+rotary": both, a learned vector per position (where a word sits) and rotated queries and keys (how far
+# apart two words are). "end+rotary": rotated queries and keys, and a learned vector per distance from the text's
+# last real token, since relative distances alone tell no word that it closes the text (a verdict, a late "not").
+POSITIONAL = ("learned", "sinusoidal", "rotary", "learned+rotary", "end+rotary")
+# Positions counted from the end need the whole text: an encoder's, not a decoder's that generates token by token.
+FROM_END = ("end+rotary",)
 
 
 def rotary_positions(positional: str, head_dim: int, max_len: int) -> RotaryEmbedding | None:
@@ -409,7 +413,8 @@ class Embedding(nn.Module):
     sqrt(D) so they are not drowned by the unit-scale sinusoids; ``scale=None``
     picks that for sinusoidal and 1 for learned positions. ``"rotary"`` adds nothing here: the attention
     rotates its queries and keys instead (``RotaryEmbedding``, which the model gives its encoder);
-    ``"learned+rotary"`` adds the learned vectors and the attention rotates too.
+    ``"learned+rotary"`` adds the learned vectors and the attention rotates too; ``"end+rotary"`` adds a learned
+    vector per distance from the last real (non-``padding_idx``) token, so the texts must be right-padded.
     """
 
     def __init__(self, vocab_size: int, d_model: int, max_len: int, dropout: float = 0.1,
@@ -417,9 +422,12 @@ class Embedding(nn.Module):
         super().__init__()
         if positional not in POSITIONAL:
             raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
+        if positional in FROM_END and padding_idx is None:
+            raise ValueError(f"positional={positional!r} counts from the last real token: it needs a padding_idx")
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.max_len = max_len
-        if positional.startswith("learned"):
+        self.from_end = positional in FROM_END
+        if positional.startswith(("learned", "end")):
             self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
         elif positional == "sinusoidal":
             self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
@@ -434,6 +442,12 @@ class Embedding(nn.Module):
         if offset + t > self.max_len:
             raise ValueError(f"sequence of length {offset + t} exceeds max_len {self.max_len}")
         x = self.tokens(tokens) * self.scale
-        if self.positions is not None:
+        if self.from_end:
+            if offset:
+                raise ValueError("positions counted from the end need the whole text, not an offset")
+            last = (tokens != self.tokens.padding_idx).sum(dim=1, keepdim=True) - 1                  # (B, 1)
+            distance = (last - torch.arange(t, device=tokens.device)).clamp(min=0)                  # (B, T); pads: 0
+            x = x + self.positions[distance]
+        elif self.positions is not None:
             x = x + self.positions[offset : offset + t]
         return self.dropout(x)

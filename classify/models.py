@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import (POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
+from .core import (FROM_END, POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
                    padding_mask, rotary_positions)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
@@ -98,7 +98,7 @@ class ClassifierConfig(_Config):
     dropout: float = 0.1
     pad_id: int = 0
     pooling: str = "mean"          # "mean" | "max" | "first" | "attention" (over real tokens only)
-    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.) | both
+    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.) | core.POSITIONAL
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
@@ -263,6 +263,12 @@ class TransformerConfig(_Config):
     norm_first: bool = True
     tie_embeddings: bool = False   # share the target embedding with the output projection
     attention_dropout: float | None = None  # on the attention weights; None = dropout
+
+    def validate(self) -> None:
+        super().validate()
+        if self.positional in FROM_END:
+            raise ValueError(f"positional={self.positional!r} counts from a text's end, which a decoder generating "
+                             f"token by token does not know yet; use it for a classifier")
 
 
 class Transformer(nn.Module):

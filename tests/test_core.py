@@ -7,6 +7,7 @@ from torch import nn
 from classify.core import (
     Decoder,
     DecoderBlock,
+    Embedding,
     Encoder,
     EncoderBlock,
     KVCache,
@@ -182,6 +183,21 @@ def test_rotary_attention_sees_distances_not_places():
     torch.testing.assert_close(at[1], at[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(at[2], at[0], rtol=1e-6, atol=1e-6)
     assert not torch.allclose(at[0], scores(q, k))
+
+
+def test_end_positions_count_from_the_last_real_token():
+    """"end+rotary" adds positions[distance to the last real token]: the closing word of a 3-token and of a
+    5-token text get the same vector, and padding changes no real token's."""
+    embed = Embedding(20, 8, max_len=10, dropout=0.0, positional="end+rotary", padding_idx=0)
+    tokens = torch.tensor([[5, 6, 7, 0, 0], [5, 6, 7, 8, 9]])                          # (B, T), right-padded
+    added = embed(tokens) - embed.tokens(tokens)                                        # (B, T, D)
+    torch.testing.assert_close(added[0, :3], embed.positions[[2, 1, 0]])
+    torch.testing.assert_close(added[1], embed.positions[[4, 3, 2, 1, 0]])
+    torch.testing.assert_close(embed(tokens[:1, :3]), embed(tokens)[:1, :3])
+    with pytest.raises(ValueError, match="whole text"):
+        embed(tokens, offset=2)
+    with pytest.raises(ValueError, match="padding_idx"):
+        Embedding(20, 8, max_len=10, positional="end+rotary")
 
 
 @pytest.mark.parametrize("rotary", [False, True])

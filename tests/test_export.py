@@ -34,13 +34,13 @@ def exported(trained_run, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pure_transformer(parquet_data, tmp_path_factory) -> tuple[Path, Path]:
-    """A run without the n-gram branch (no mix either), with attention pooling and rotary positions, and its
-    export."""
+    """A run without the n-gram branch (no mix either), with attention pooling and end+rotary positions (rotated
+    queries and keys, vectors counted from each text's end), and its export."""
     from classify.train import main
 
     root = tmp_path_factory.mktemp("pure")
     assert main(["--data", str(parquet_data), "--output", str(root / "run"), "--max-steps", "3",
-                 *TINY_MODEL_ARGS, "--ngram-orders", "0", "--pooling", "attention", "--positional", "rotary"]) == 0
+                 *TINY_MODEL_ARGS, "--ngram-orders", "0", "--pooling", "attention", "--positional", "end+rotary"]) == 0
     assert export_module.main(["--model", str(root / "run"), "--output", str(root / "export")]) == 0
     return root / "run", root / "export"
 

@@ -53,6 +53,11 @@ def test_config_round_trips_through_json():
         ClassifierConfig.from_dict({"vocab_size": 3, "bogus": 1})
 
 
+def test_an_encoder_decoder_refuses_positions_counted_from_the_end():
+    with pytest.raises(ValueError, match="decoder"):
+        Transformer(src_vocab_size=10, tgt_vocab_size=12, d_model=16, num_heads=2, positional="end+rotary")
+
+
 def test_invalid_sizes_rejected():
     with pytest.raises(ValueError, match="multiple"):
         Classifier(vocab_size=10, d_model=30, num_heads=4)
@@ -61,7 +66,7 @@ def test_invalid_sizes_rejected():
 # ------------------------------------------------------------------------- classifier
 @pytest.mark.parametrize("pooling, positional", [("mean", "learned"), ("max", "learned"), ("first", "learned"),
                                                  ("attention", "learned"), ("mean", "rotary"),
-                                                 ("mean", "learned+rotary")])
+                                                 ("mean", "learned+rotary"), ("mean", "end+rotary")])
 def test_padding_does_not_change_classifier_logits(pooling, positional):
     torch.manual_seed(0)
     model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=40,
