@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import (FROM_END, POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask, combine_masks,
-                   padding_mask, rotary_positions)
+from .core import (FROM_END, POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask,
+                   combine_masks, padding_mask, rotary_positions)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
 
@@ -98,7 +98,7 @@ class ClassifierConfig(_Config):
     dropout: float = 0.1
     pad_id: int = 0
     pooling: str = "mean"          # "mean" | "max" | "first" | "attention" (over real tokens only)
-    positional: str = "learned"    # "learned" (Bloem) | "sinusoidal" (Vaswani) | "rotary" (Su et al.) | core.POSITIONAL
+    positional: str = "learned"    # Bloem's; "sinusoidal" (Vaswani), "rotary" (Su et al.), ...: core.POSITIONAL
     activation: str = "gelu"
     norm_first: bool = True        # pre-LN; False = post-LN as in Bloem / nn.Transformer default
     mask_padding: bool = True      # False reproduces Bloem: attention and pooling see padding too
