@@ -78,7 +78,8 @@ class OnnxBackend:
 
     name = "onnx"
 
-    def __init__(self, path: Path, pad_id: int, max_len: int, num_classes: int, parameters: int, threads: int | None):
+    def __init__(self, path: Path, pad_id: int, max_len: int, num_classes: int, parameters: int, threads: int | None,
+                 precision: str = "fp32"):
         try:
             import onnxruntime as ort
         except ImportError as err:
@@ -92,7 +93,8 @@ class OnnxBackend:
         except Exception as err:  # onnxruntime raises its own exception types for unreadable models
             raise ClassifyError(f"ONNX Runtime cannot load {path}: {str(err).splitlines()[0]}") from None
         self.pad_id, self.max_len, self.num_classes, self.parameters = pad_id, max_len, num_classes, parameters
-        self.runtime = {"backend": self.name, "device": "cpu", "precision": "fp32", "threads": threads or "default"}
+        # "int8": an export whose matrix products' weights are int8 (``classify.export --int8``).
+        self.runtime = {"backend": self.name, "device": "cpu", "precision": precision, "threads": threads or "default"}
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
         return self.session.run(None, {"tokens": tokens})[0]

@@ -108,8 +108,9 @@ def load_export(path: str | Path, threads: int | None = None) -> LoadedRun:
     config, model_config, tokenizer, labels, truncation = _read(path, EXPORT_KIND)
     if not (path / ONNX_MODEL).is_file():
         raise ClassifyError(f"{ONNX_MODEL} not found in {path}: export the run again with python -m classify.export")
+    export = config.get("export", {})
     backend = OnnxBackend(path / ONNX_MODEL, model_config.pad_id, model_config.max_len, model_config.num_classes,
-                          int(config.get("export", {}).get("parameters", 0)), threads)
+                          int(export.get("parameters", 0)), threads, export.get("weights", "fp32"))
     return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
 
 
@@ -120,8 +121,8 @@ def open_run(model: str | None, settings: InferenceConfig | Namespace, console: 
     onnx = settings.backend == "onnx"
     if onnx:
         if settings.device not in ("auto", "cpu") or settings.precision not in ("auto", "fp32"):
-            raise ClassifyError("--backend onnx runs the exported fp32 model on the CPU; --device and --precision "
-                                "are for --backend torch")
+            raise ClassifyError("--backend onnx runs the exported model (fp32, or int8 weights if exported with "
+                                "--int8) on the CPU; --device and --precision are for --backend torch")
         if settings.threads is not None and settings.threads < 1:
             raise ClassifyError(f"--threads must be at least 1, got {settings.threads}")
     kind, weights = (EXPORT_KIND, ONNX_MODEL) if onnx else (KIND, WEIGHTS)
@@ -139,7 +140,7 @@ def open_run(model: str | None, settings: InferenceConfig | Namespace, console: 
     how = "" if model is not None else f" (the newest under {RUNS_DIR}/; choose another with --model)"
     r = run.backend.runtime
     console.print(f"model: {escape(str(path))}{how}, {'ONNX Runtime' if onnx else 'PyTorch'} on {r['device']}, "
-                  f"{'autocast ' if r['precision'] != 'fp32' else ''}{r['precision']}"
+                  f"{'autocast ' if not onnx and r['precision'] != 'fp32' else ''}{r['precision']}"
                   + (f", {settings.threads} threads" if onnx and settings.threads else ""))
     return run
 

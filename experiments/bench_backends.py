@@ -30,7 +30,7 @@ import torch
 from classify.backends import TorchBackend
 from classify.engine.device import bf16_supported
 from classify.engine.files import write_json, write_text
-from classify.export import export
+from classify.export import export, quantize_matmuls
 from classify.inference import ONNX_MODEL, LoadedRun, classify_texts, load_export, load_run
 from classify.text.data import load_split
 from experiments import add_results_args, results_folder
@@ -41,14 +41,9 @@ BATCH = 64
 
 
 def quantize(export_folder: Path, out: Path) -> Path:
-    """A copy of an export with its MatMul weights in int8 (``onnxruntime.quantization.quantize_dynamic``:
-    activations quantized on the fly per batch). The n-gram table and embeddings are gathers, left as they are
-    (the table float16, the embeddings fp32)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
+    """A copy of an export with its MatMul weights in int8, as ``classify.export --int8`` writes it."""
     shutil.copytree(export_folder, out, ignore=shutil.ignore_patterns(ONNX_MODEL))
-    quantize_dynamic(export_folder / ONNX_MODEL, out / ONNX_MODEL, op_types_to_quantize=["MatMul"],
-                     weight_type=QuantType.QInt8)
+    quantize_matmuls(export_folder / ONNX_MODEL, out / ONNX_MODEL)
     return out
 
 

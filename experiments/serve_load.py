@@ -260,10 +260,10 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
 
 
 def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict,
-                workers: int = 1, seconds: float = 10.0) -> dict:
+                workers: int = 1, seconds: float = 10.0, backend: str = "torch") -> dict:
     """Reviews/s of the model alone (no HTTP) on batches of ``sizes`` texts, through ``inference.classify_texts``
     with the server's batching settings, as a server worker calls it: in ``workers`` processes at once (as many as
-    the server ran, each with its threads and precision and its share of the batches), each going round its
+    the server ran, each with its backend, threads and precision and its share of the batches), each going round its
     batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s."""
     import multiprocessing
     import queue
@@ -271,7 +271,8 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
     processes = [ctx.Process(target=_model_alone_process, args=(model, reviews, sizes[k::workers] or sizes, threads,
-                                                                precision, limits, seconds, barrier, results))
+                                                                precision, backend, limits, seconds, barrier,
+                                                                results))
                  for k in range(workers)]
     for process in processes:
         process.start()
@@ -289,15 +290,17 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
 
 
 def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str,
-                         limits: dict, seconds: float, barrier, results) -> None:
+                         backend: str, limits: dict, seconds: float, barrier, results) -> None:
     """One process of ``model_alone``: load, warm up, wait for the others, then run for ``seconds``."""
     import torch
 
-    from classify.engine.config import runtime
-    from classify.inference import classify_texts, load_run
+    from rich.console import Console
 
-    device, dtype = runtime(argparse.Namespace(device="cpu", precision=precision, threads=threads))
-    run = load_run(model, device, dtype)   # the server's precision, as its worker runs it
+    from classify.inference import classify_texts, open_run
+
+    # The server's backend, threads and precision, as its worker opens the model.
+    settings = argparse.Namespace(backend=backend, device="cpu", precision=precision, threads=threads)
+    run = open_run(model, settings, Console(quiet=True))
     starts = np.cumsum([0, *sizes])
 
     def batches() -> Iterator[list[str]]:
@@ -319,7 +322,7 @@ def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threa
                 if time.perf_counter() - begin >= seconds:
                     break
         results.put({"reviews": done, "seconds": time.perf_counter() - begin,
-                     "precision": str(dtype).removeprefix("torch.") if dtype else "fp32"})
+                     "precision": run.backend.runtime["precision"]})
 
 
 def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) -> tuple[dict, dict]:
@@ -329,7 +332,8 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
     flags = [x for name, value in server.items() if value is not None
              for x in (f"--{name.replace('_', '-')}", f"{value:g}")]
     workers = server["workers"]
-    with serve_process(args.model, *flags, "--precision", args.precision, "--log-level", "warning") as url:
+    with serve_process(args.model, *flags, "--backend", args.backend, "--precision", args.precision,
+                       "--log-level", "warning") as url:
         asyncio.run(all_workers_up(url, workers))
         asyncio.run(load_round(url, reviews[:20], 4, workers))   # warm up
         n = max(args.requests, 3 * args.capacity_clients)
@@ -347,7 +351,7 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
             info = json.load(answer)
     sizes = [size for r in rounds for size in r["recent_batches"]]
     alone = model_alone(args.model, reviews, sizes, server["threads"], args.precision, info["runtime"]["limits"],
-                        workers)
+                        workers, backend=args.backend)
     return {"server": " ".join(flags), "threads": server["threads"], "workers": workers,
             "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
             "model_alone": alone, "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
@@ -483,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's --workers, each in turn (the model-alone reference then runs as many "
                         "processes at once)")
     g.add_argument("--precision", default="auto", help="the server's --precision (and the model-alone reference's)")
+    g.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="the server's --backend (and the model-alone reference's); with onnx, --model is a folder "
+                        "written by classify.export")
     return p
 
 

@@ -86,6 +86,27 @@ def test_attention_is_one_operator_per_block(trained_run, exported):
     assert ops.count("Attention") == config.num_layers and "Softmax" not in ops
 
 
+def test_an_int8_export_quantizes_the_matrix_products_and_answers_alike(trained_run, exported, tmp_path):
+    """--int8: the weights of the matrix products become int8 (integer MatMuls, weights quantized ahead), the
+    n-gram table stays float16, and the logits stay near the fp32 export's (dynamic quantization's error)."""
+    import onnx
+
+    out = tmp_path / "int8"
+    assert export_module.main(["--model", str(trained_run), "--output", str(out), "--int8"]) == 0
+    assert json.loads((out / "config.json").read_text())["export"]["weights"] == "int8"
+    assert json.loads((exported / "config.json").read_text())["export"]["weights"] == "fp32"
+    graph = onnx.load(str(out / ONNX_MODEL)).graph
+    ops = [node.op_type for node in graph.node]
+    assert "MatMulInteger" in ops and "MatMul" not in ops
+    assert onnx.TensorProto.FLOAT16 in {t.data_type for t in graph.initializer}
+    fp32, int8 = load_export(exported, threads=1), load_export(out, threads=1)
+    assert (fp32.backend.runtime["precision"], int8.backend.runtime["precision"]) == ("fp32", "int8")
+    for name, tokens in batches(load_run(trained_run, torch.device("cpu"))).items():
+        got, expected = int8.backend.logits(tokens), fp32.backend.logits(tokens)
+        np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05, err_msg=name)
+        assert (got.argmax(1) == expected.argmax(1)).all(), name
+
+
 def test_the_export_folder_holds_what_the_runtime_needs(trained_run, exported):
     assert sorted(p.name for p in exported.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
     config = json.loads((exported / "config.json").read_text())
@@ -180,8 +201,8 @@ def test_backend_mistakes_are_one_line_errors(trained_run, exported, capsys):
                                                                 "--explain")
     assert "is a training run, not an export" in predict_fails("--model", str(trained_run), "--backend", "onnx")
     assert "is an ONNX export: run it with --backend onnx" in predict_fails("--model", str(exported))
-    assert "runs the exported fp32 model on the CPU" in predict_fails("--model", str(exported), "--backend", "onnx",
-                                                                      "--precision", "bf16")
+    assert "runs the exported model (fp32, or int8 weights" in predict_fails("--model", str(exported), "--backend",
+                                                                             "onnx", "--precision", "bf16")
 
 
 def test_the_server_runs_the_export_and_explains_only_on_pytorch(trained_run, exported):
