@@ -107,6 +107,18 @@ def test_an_int8_export_quantizes_the_matrix_products_and_answers_alike(trained_
         assert (got.argmax(1) == expected.argmax(1)).all(), name
 
 
+def test_a_failed_quantization_is_one_line_and_leaves_nothing(trained_run, tmp_path, monkeypatch, capsys):
+    import onnxruntime.quantization
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for MatMul\nmore detail")
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", broken)
+    message = export_fails(capsys, "--model", str(trained_run), "--output", str(tmp_path / "int8"), "--int8")
+    assert "int8 quantization failed: no kernel for MatMul" in message and "more detail" not in message
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_export_folder_holds_what_the_runtime_needs(trained_run, exported):
     assert sorted(p.name for p in exported.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
     config = json.loads((exported / "config.json").read_text())
