@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +46,7 @@ __all__ = [
     "RotaryEmbedding",
     "rotary_positions",
     "POSITIONAL",
-    "FROM_END",
+    "Positions",
 ]
 
 
@@ -391,18 +392,26 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
-# "learned+rotary": both, a learned vector per position (where a word sits) and rotated queries and keys (how far
-# apart two words are). "end+rotary": rotated queries and keys, and a learned vector per distance from the text's
-# last real token, since relative distances alone tell no word that it closes the text (a verdict, a late "not").
-POSITIONAL = ("learned", "sinusoidal", "rotary", "learned+rotary", "end+rotary")
-# Positions counted from the end need the whole text: an encoder's, not a decoder's that generates token by token.
-FROM_END = ("end+rotary",)
+class Positions(NamedTuple):
+    """What a ``positional`` name does: the vectors ``Embedding`` adds to the tokens ("start": a learned one per
+    position; "sinusoidal": Vaswani's fixed ones; "end": a learned one per distance from the last real token,
+    which needs the whole text; None: nothing) and whether every self-attention rotates its queries and keys."""
+
+    added: str | None
+    rotary: bool
+
+
+# "learned+rotary": where a word sits and how far apart two words are. "end+rotary": how far apart, and how far
+# from the end, since relative distances alone tell no word that it closes the text (a verdict, a late "not").
+POSITIONAL = {"learned": Positions("start", False), "sinusoidal": Positions("sinusoidal", False),
+              "rotary": Positions(None, True), "learned+rotary": Positions("start", True),
+              "end+rotary": Positions("end", True)}
 
 
 def rotary_positions(positional: str, head_dim: int, max_len: int) -> RotaryEmbedding | None:
-    """The rotation table that a model with ``positional`` positions shares among its self-attentions ("rotary",
-    "learned+rotary"); None for the others (``Embedding`` reads the same name for what it adds)."""
-    return RotaryEmbedding(head_dim, max_len) if positional.endswith("rotary") else None
+    """The rotation table that a model with ``positional`` positions shares among its self-attentions; None where
+    ``POSITIONAL`` says it does not rotate."""
+    return RotaryEmbedding(head_dim, max_len) if POSITIONAL[positional].rotary else None
 
 
 class Embedding(nn.Module):
@@ -421,19 +430,20 @@ class Embedding(nn.Module):
                  positional: str = "learned", padding_idx: int | None = None, scale: float | None = None):
         super().__init__()
         if positional not in POSITIONAL:
-            raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
-        if positional in FROM_END and padding_idx is None:
+            raise ValueError(f"positional must be one of {tuple(POSITIONAL)}, got {positional!r}")
+        added = POSITIONAL[positional].added
+        if added == "end" and padding_idx is None:
             raise ValueError(f"positional={positional!r} counts from the last real token: it needs a padding_idx")
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=padding_idx)
         self.max_len = max_len
-        self.from_end = positional in FROM_END
-        if positional.startswith(("learned", "end")):
+        self.from_end = added == "end"
+        if added in ("start", "end"):
             self.positions = nn.Parameter(torch.randn(max_len, d_model) * 0.02)
-        elif positional == "sinusoidal":
+        elif added == "sinusoidal":
             self.register_buffer("positions", sinusoidal_positions(max_len, d_model), persistent=False)
         else:
             self.positions = None
-        self.scale = scale if scale is not None else (math.sqrt(d_model) if positional == "sinusoidal" else 1.0)
+        self.scale = scale if scale is not None else (math.sqrt(d_model) if added == "sinusoidal" else 1.0)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .core import (FROM_END, POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask,
+from .core import (POSITIONAL, Decoder, Embedding, Encoder, KVCache, MultiHeadAttention, causal_mask,
                    combine_masks, padding_mask, rotary_positions)
 from .mix import mix_features
 from .ngrams import DEFAULT_BUCKETS, NgramBag
@@ -73,7 +73,7 @@ class _Config:
                 raise ValueError(f"{name} must be in [0, 1), got {value}")
         positional = self.positional  # type: ignore[attr-defined]
         if positional not in POSITIONAL:
-            raise ValueError(f"positional must be one of {POSITIONAL}, got {positional!r}")
+            raise ValueError(f"positional must be one of {tuple(POSITIONAL)}, got {positional!r}")
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -268,7 +268,7 @@ class TransformerConfig(_Config):
 
     def validate(self) -> None:
         super().validate()
-        if self.positional in FROM_END:
+        if POSITIONAL[self.positional].added == "end":
             raise ValueError(f"positional={self.positional!r} counts from a text's end, which a decoder generating "
                              f"token by token does not know yet; use it for a classifier")
 

@@ -141,6 +141,17 @@ def trained_run(tmp_path_factory, parquet_data) -> Path:
 
 
 @pytest.fixture(scope="session")
+def int8_export(trained_run, tmp_path_factory) -> Path:
+    """``trained_run`` exported with ``python -m classify.export --int8`` (shared by the export and load tests)."""
+    pytest.importorskip("onnxruntime", reason="the export extra is not installed (pip install -e '.[export]')")
+    from classify.export import main
+
+    out = tmp_path_factory.mktemp("exports") / "int8"
+    assert main(["--model", str(trained_run), "--output", str(out), "--int8"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def shared_imdb() -> Path:
     path = Path(os.environ.get("CLASSIFY_SHARED_IMDB", SHARED_IMDB))
     if not (path / "train.parquet").exists():

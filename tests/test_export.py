@@ -86,13 +86,12 @@ def test_attention_is_one_operator_per_block(trained_run, exported):
     assert ops.count("Attention") == config.num_layers and "Softmax" not in ops
 
 
-def test_an_int8_export_quantizes_the_matrix_products_and_answers_alike(trained_run, exported, tmp_path):
+def test_an_int8_export_quantizes_the_matrix_products_and_answers_alike(trained_run, exported, int8_export):
     """--int8: the weights of the matrix products become int8 (integer MatMuls, weights quantized ahead), the
     n-gram table stays float16, and the logits stay near the fp32 export's (dynamic quantization's error)."""
     import onnx
 
-    out = tmp_path / "int8"
-    assert export_module.main(["--model", str(trained_run), "--output", str(out), "--int8"]) == 0
+    out = int8_export   # written by python -m classify.export --int8 (conftest), which returned 0
     assert json.loads((out / "config.json").read_text())["export"]["weights"] == "int8"
     assert json.loads((exported / "config.json").read_text())["export"]["weights"] == "fp32"
     graph = onnx.load(str(out / ONNX_MODEL)).graph

@@ -145,14 +145,10 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
     assert "| 80% |" in out.with_suffix(".md").read_text() and result["cpu_flags"] is not None
 
 
-def test_open_loop_load_test_drives_an_onnx_server_and_its_model_alone(trained_run, parquet_data, tmp_path):
+def test_open_loop_load_test_drives_an_onnx_server_and_its_model_alone(int8_export, parquet_data, tmp_path):
     """--backend onnx: the server runs an int8 export on ONNX Runtime, and the reference runs the same export."""
-    pytest.importorskip("onnxruntime", reason="the export extra is not installed (pip install -e '.[export]')")
-    from classify.export import export
-
-    export(trained_run, tmp_path / "int8", int8=True)
     out = tmp_path / "open_loop_onnx"
-    assert load_main(["--model", str(tmp_path / "int8"), "--data", str(parquet_data / "test.parquet"),
+    assert load_main(["--model", str(int8_export), "--data", str(parquet_data / "test.parquet"),
                       "--threads", "1", "--open-loop", "0.5", "--seconds", "1", "--requests", "16", "--rounds", "1",
                       "--capacity-clients", "4", "--backend", "onnx", "--output", str(out)]) == 0
     run = json.loads(out.with_suffix(".json").read_text())["runs"]["--threads 1 --workers 1"]

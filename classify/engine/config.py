@@ -104,7 +104,7 @@ MODEL_SETTINGS = {
     "positional": Setting("position encoding: a learned vector per position (Bloem), fixed sinusoids (Vaswani), "
                           "rotary (queries and keys rotated by position: attention sees distances), "
                           "learned+rotary (both) or end+rotary (rotary, and a learned vector per distance from "
-                          "the text's end; classifiers only)", choices=POSITIONAL),
+                          "the text's end; classifiers only)", choices=tuple(POSITIONAL)),
     "norm_first": Setting("pre-LayerNorm blocks; --no-norm-first gives post-LN blocks (Bloem / the original paper)",
                           sets={"--post-ln": False}),
     "mask_padding": Setting("attention and pooling ignore padding; --no-mask-padding lets them see it (reproduces "
