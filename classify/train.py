@@ -440,11 +440,8 @@ def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
     original is no validation review (its revision would tell validation the answer)."""
     if not config.counterfactual:
         return Examples([], [])
-    pairs = load_pairs(config.counterfactual, held_out=False)
-    seen = {normalize(t) for t in val.texts}
-    keep = [i for i, text in enumerate(pairs.original.texts) if normalize(text) not in seen]
-    return Examples([pairs.original.texts[i] for i in keep] + [pairs.revised.texts[i] for i in keep],
-                    [pairs.original.labels[i] for i in keep] + [pairs.revised.labels[i] for i in keep])
+    _, outside = load_pairs(config.counterfactual, held_out=False).by_original(val.texts)
+    return outside.texts()
 
 
 def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> tuple[dict[str, Examples],

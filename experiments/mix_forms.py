@@ -22,6 +22,13 @@ halves drawn by whole review: a review and the texts cut from it stay together):
 * ``log`` fitted with each group counting alike (each text weighted by one over its group's size), as the
   checkpoint's score counts them, where the shipped fit counts texts alike.
 
+With ``--counterfactual-pairs`` (a run trained with ``--counterfactual``), two more groups, ``pair originals`` and
+``pair revisions``: the counterfactual pairs that training left out because their original is a validation review
+(never the held-out quarter), with the branch's logits from the kept branch, which was fitted on those originals
+and never on their revisions, as it was on the held-out quarter's originals (the branch recognises a review it was
+fitted on and ignores the edit). Every system scores them; only the last two mixes are fitted with them: the
+shipped ``log`` form with the pairs counted as texts, and counting as much as an average group.
+
 Reported per group: the transformer alone, the branch alone and each mix.
 """
 
@@ -41,6 +48,9 @@ from classify.engine.runfolder import RunFolder
 from classify.evaluate import run_training_split
 from classify.inference import KIND, load_run
 from classify.mix import fit_mix, mix_features, mixed_logits
+from classify.ngrams import bag_logits
+from classify.text.counterfactual import load_pairs
+from classify.text.data import Examples
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS
@@ -74,9 +84,14 @@ def forms(split_at: list[int]) -> dict[str, Callable[[Tensor], Tensor]]:
             **{f"split at {at}": split_form(at) for at in split_at}}
 
 
-def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray, set[int]]:
+PAIRS = len(Validation.GROUPS)   # the group index of the validation pairs' originals (--counterfactual-pairs) ...
+REVISIONS = PAIRS + 1             # ... and of their revisions
+
+
+def validation_of(path: str, device, dtype, pairs: bool = False) -> tuple[Validation, np.ndarray, set[int]]:
     """The run's validation texts as its training built them, with the branch's held-out logits, the
-    transformer's logits for them, and the sentence-end token ids."""
+    transformer's logits for them, and the sentence-end token ids; with ``pairs``, the validation pairs after them
+    (groups ``PAIRS`` and ``REVISIONS``; their branch logits from the kept branch)."""
     run = load_run(path, device, dtype)
     train_config = run.config["train"]
     config = TrainConfig(**{k: v for k, v in train_config.items() if k in TrainConfig.__dataclass_fields__})
@@ -90,8 +105,24 @@ def validation_of(path: str, device, dtype) -> tuple[Validation, np.ndarray, set
     validation.ngram = RunFolder(run.path, KIND).branch_validation(len(validation.ids), len(run.labels))
     if validation.ngram is None:
         raise SystemExit(f"{path} has no branch_validation.json: it was trained without the n-gram branch")
+    if pairs:
+        more = validation_pairs(config, val.texts)
+        more_ids = encode(more.texts)
+        more_ngram = bag_logits(run.backend.model.ngram, more_ids).numpy()
+        validation = Validation(validation.ids + more_ids, validation.labels + more.labels,
+                                np.concatenate([validation.group, np.repeat([PAIRS, REVISIONS], len(more_ids) // 2)]),
+                                np.concatenate([validation.ngram, more_ngram]))
     logits = transformer_logits(run.backend.model, validation.ids, device, dtype, 64, shard=False)
     return validation, logits, ends
+
+
+def validation_pairs(config: TrainConfig, val_texts: list[str]) -> Examples:
+    """The counterfactual pairs outside the held-out quarter whose original is a validation review (training
+    leaves them out, ``train.counterfactual_examples``): originals, then revisions."""
+    if not config.counterfactual:
+        raise SystemExit("--counterfactual-pairs needs runs trained with --counterfactual")
+    inside, _ = load_pairs(config.counterfactual, held_out=False).by_original(val_texts)
+    return inside.texts()
 
 
 def halves(validation: Validation, seed: int = 0) -> np.ndarray:
@@ -105,8 +136,10 @@ def halves(validation: Validation, seed: int = 0) -> np.ndarray:
     half[validation.group == 0] = review_half
     short = np.flatnonzero(validation.group == 1)
     half[short] = review_half[: len(short)]
-    rest = np.flatnonzero(validation.group > 1)
+    rest = np.flatnonzero((validation.group > 1) & (validation.group < PAIRS))
     half[rest] = np.repeat(rng.integers(2, size=(len(rest) + 1) // 2), 2)[: len(rest)]
+    pairs = np.flatnonzero(validation.group >= PAIRS)   # originals, then revisions: pair i is rows i and n + i
+    half[pairs] = np.tile(rng.integers(2, size=len(pairs) // 2), 2)
     return half
 
 
@@ -138,6 +171,8 @@ def confidence_form(validation: Validation, transformer: np.ndarray) -> tuple[Ca
 
 def compare(validation: Validation, transformer: np.ndarray, split_at: list[int],
             ends: set[int]) -> dict[str, dict[str, float | None]]:
+    """Accuracy per group of each system, the mixes cross-fitted on halves. The validation pairs, when there, are
+    scored by every system and fitted on by the last two only."""
     y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
     half = halves(validation)
     everything = np.ones(len(y), dtype=bool)
@@ -155,24 +190,34 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
                                             features_of).argmax(1)
         return predicted
 
+    pairs = validation.group >= PAIRS
+    shipped = ~pairs              # what training fits the mix on
     systems = {"transformer": transformer.argmax(1), "ngram": ngram.argmax(1)}
-    systems.update({f"mix, {name}": cross_fitted(features_of, everything, everything)
+    systems.update({f"mix, {name}": cross_fitted(features_of, shipped, everything)
                     for name, features_of in forms(split_at).items()})
     by_sentences, rows = sentence_form(validation, ends)
-    systems["mix, log + sentences"] = cross_fitted(by_sentences, everything, everything, lengths=rows)
+    systems["mix, log + sentences"] = cross_fitted(by_sentences, shipped, everything, lengths=rows)
     by_confidence, rows = confidence_form(validation, transformer)
-    systems["mix, log + confidences"] = cross_fitted(by_confidence, everything, everything, lengths=rows)
+    systems["mix, log + confidences"] = cross_fitted(by_confidence, shipped, everything, lengths=rows)
     # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
     # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
     reviews = validation.group == 0
     systems["mix, log, fitted without the joins"] = cross_fitted(
-        mix_features, validation.group != Validation.GROUPS.index("join"), everything)
+        mix_features, shipped & (validation.group != Validation.GROUPS.index("join")), everything)
     systems["mix, log, fitted on reviews alone"] = cross_fitted(mix_features, reviews, reviews)
     # Each group counting alike in the fit, as in the checkpoint's score (the mean of the groups' accuracies).
-    alike = 1.0 / np.bincount(validation.group)[validation.group]   # (N,) one over the size of the text's group
-    systems["mix, log, groups weighted alike"] = cross_fitted(mix_features, everything, everything, weights=alike)
+    groups = np.minimum(validation.group, PAIRS)                    # both texts of a pair in one group
+    alike = 1.0 / np.bincount(groups)[groups]                       # (N,) one over the size of the text's group
+    systems["mix, log, groups weighted alike"] = cross_fitted(mix_features, shipped, everything, weights=alike)
+    if pairs.any():
+        systems["mix, log, fitted with the pairs"] = cross_fitted(mix_features, everything, everything)
+        # The pairs weighing as much as the texts of an average group (the others' texts count 1 each, as shipped).
+        as_group = np.where(pairs, (~pairs).sum() / (len(Validation.GROUPS) * pairs.sum()), 1.0)
+        systems["mix, log, fitted with the pairs counting as a group"] = cross_fitted(
+            mix_features, everything, everything, weights=as_group)
+    names = [*Validation.GROUPS, "pair originals", "pair revisions"]
     return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
-                     for g, group in enumerate(Validation.GROUPS) if (rows := validation.group == g).any()}
+                     for g, group in enumerate(names) if (rows := validation.group == g).any()}
             for system, p in systems.items()}
 
 
@@ -183,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--split-at", type=int, nargs="+", default=[64], metavar="TOKENS",
                    help="lengths at which the hinge and split forms start their second slope or line")
+    p.add_argument("--counterfactual-pairs", action="store_true",
+                   help="also score, and fit one mix with, the counterfactual pairs whose original is a validation "
+                        "review (runs trained with --counterfactual)")
     p.add_argument("--name", default="mix_forms", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)
@@ -190,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for path in args.runs:
         with torch.inference_mode():
-            validation, logits, ends = validation_of(path, device, dtype)
+            validation, logits, ends = validation_of(path, device, dtype, args.counterfactual_pairs)
         results[path] = compare(validation, logits, args.split_at, ends)
         print(path, results[path], flush=True)
     meta = experiment_meta("experiments.mix_forms", argv if argv is not None else sys.argv[1:])

@@ -222,3 +222,56 @@ def test_mix_forms_refits_the_mix_on_the_runs_own_validation_texts(trained_run, 
                              "mix, log, groups weighted alike"]
     assert all(0 <= v <= 1 for s in systems.values() for v in s.values() if v is not None)
     assert systems["mix, log, fitted on reviews alone"]["short"] is None   # scored on reviews only
+
+
+def test_mix_forms_scores_the_validation_pairs_and_fits_them_only_where_asked():
+    import numpy as np
+
+    from classify.train import Validation
+    from experiments.mix_forms import PAIRS, REVISIONS, compare, halves
+
+    rng = np.random.default_rng(0)
+    reviews, shorts, pairs = 60, 60, 20
+    group = np.array([0] * reviews + [1] * shorts)
+    labels = rng.integers(2, size=len(group)).tolist()
+    pair_labels = rng.integers(2, size=pairs).tolist()
+    ids = [[5] * int(rng.integers(3, 300)) for _ in group]
+
+    def logits(y, noise):   # (N, 2) logits that mostly agree with the labels
+        y = 2 * np.asarray(y) - 1
+        noisy = [sign * y + noise * rng.normal(size=len(y)) for sign in (-1, 1)]
+        return np.stack(noisy, 1).astype(np.float32)
+
+    base = Validation(ids, labels, group, logits(labels, 1.0))
+    base_transformer = logits(labels, 1.5)
+    with_pairs = Validation(ids + [[5] * 200] * (2 * pairs), labels + pair_labels + [1 - y for y in pair_labels],
+                            np.concatenate([group, [PAIRS] * pairs, [REVISIONS] * pairs]),
+                            np.concatenate([base.ngram, logits(pair_labels, 0.1), logits(pair_labels, 0.1)]))
+    transformer = np.concatenate([base_transformer, logits(pair_labels, 1.0),
+                                  logits([1 - y for y in pair_labels], 1.0)])
+
+    half = halves(with_pairs)
+    assert (half[: len(group)] == halves(base)).all()                  # the other texts' halves are not redrawn
+    assert (half[len(group):][:pairs] == half[len(group):][pairs:]).all()   # a pair stays in one half
+
+    without, scored = compare(base, base_transformer, [64], set()), compare(with_pairs, transformer, [64], set())
+    assert scored["mix, log"]["reviews"] == without["mix, log"]["reviews"]   # the shipped fit never sees the pairs
+    assert scored["mix, log"]["short"] == without["mix, log"]["short"]
+    assert set(scored["ngram"]) == {"reviews", "short", "pair originals", "pair revisions"}
+    # The branch here recognises the originals and misses every revision; fitted with the pairs, the mix leans on
+    # the transformer, which reads them.
+    assert scored["ngram"]["pair revisions"] == 0.0
+    assert (scored["mix, log, fitted with the pairs counting as a group"]["pair revisions"]
+            > scored["mix, log"]["pair revisions"])
+
+
+def test_validation_pairs_are_the_training_side_pairs_whose_original_is_a_validation_review(counterfactual_data):
+    from classify.text.counterfactual import load_pairs
+    from classify.train import TrainConfig
+    from experiments.mix_forms import validation_pairs
+
+    training, held_out = load_pairs(counterfactual_data, held_out=False), load_pairs(counterfactual_data, held_out=True)
+    val_texts = training.original.texts[:3] + held_out.original.texts[:2] + ["a review with no pair"]
+    pairs = validation_pairs(TrainConfig(data="unused", counterfactual=str(counterfactual_data)), val_texts)
+    assert pairs.texts == training.original.texts[:3] + training.revised.texts[:3]   # never the held-out quarter
+    assert pairs.labels == training.original.labels[:3] + [1 - y for y in training.original.labels[:3]]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ClassifyError
-from .data import Examples, load_split
+from .data import Examples, load_split, normalize
 
 HOLDOUT_EVERY = 4          # pair ids divisible by this are held out for measuring
 FILE = "train.parquet"
@@ -37,6 +37,18 @@ class Pairs:
     def texts(self) -> Examples:
         """Both texts of every pair, originals first."""
         return Examples(self.original.texts + self.revised.texts, self.original.labels + self.revised.labels)
+
+    def by_original(self, texts: list[str]) -> tuple["Pairs", "Pairs"]:
+        """(the pairs whose original is one of ``texts``, compared normalised; the others)."""
+        seen = {normalize(t) for t in texts}
+        inside = [normalize(t) in seen for t in self.original.texts]
+        return self._subset(inside), self._subset([not x for x in inside])
+
+    def _subset(self, keep: list[bool]) -> "Pairs":
+        rows = [i for i, k in enumerate(keep) if k]
+        return Pairs([self.ids[i] for i in rows],
+                     *(Examples([e.texts[i] for i in rows], [e.labels[i] for i in rows])
+                       for e in (self.original, self.revised)))
 
 
 def load_pairs(path: str | Path, held_out: bool) -> Pairs:
