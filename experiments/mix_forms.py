@@ -26,8 +26,9 @@ With ``--counterfactual-pairs`` (a run trained with ``--counterfactual``), two m
 ``pair revisions``: the counterfactual pairs that training left out because their original is a validation review
 (never the held-out quarter), with the branch's logits from the kept branch, which was fitted on those originals
 and never on their revisions, as it was on the held-out quarter's originals (the branch recognises a review it was
-fitted on and ignores the edit). Every system scores them; only the last two mixes are fitted with them: the
-shipped ``log`` form with the pairs counted as texts, and counting as much as an average group.
+fitted on and ignores the edit). Every system scores them; only the last three mixes are fitted with them: the
+shipped ``log`` form with the pairs counted as texts, and counting as much as an average group; and ``log +
+confidences`` with them counting as a group (a mix that could learn to doubt a branch sure of a review it knows).
 
 Reported per group: the transformer alone, the branch alone and each mix.
 """
@@ -172,7 +173,7 @@ def confidence_form(validation: Validation, transformer: np.ndarray) -> tuple[Ca
 def compare(validation: Validation, transformer: np.ndarray, split_at: list[int],
             ends: set[int]) -> dict[str, dict[str, float | None]]:
     """Accuracy per group of each system, the mixes cross-fitted on halves. The validation pairs, when there, are
-    scored by every system and fitted on by the last two only."""
+    scored by every system and fitted on by the last three only."""
     y, lengths, ngram = np.asarray(validation.labels), validation.lengths(), validation.ngram
     half = halves(validation)
     everything = np.ones(len(y), dtype=bool)
@@ -197,8 +198,8 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
                     for name, features_of in forms(split_at).items()})
     by_sentences, rows = sentence_form(validation, ends)
     systems["mix, log + sentences"] = cross_fitted(by_sentences, shipped, everything, lengths=rows)
-    by_confidence, rows = confidence_form(validation, transformer)
-    systems["mix, log + confidences"] = cross_fitted(by_confidence, shipped, everything, lengths=rows)
+    by_confidence, confidence_rows = confidence_form(validation, transformer)
+    systems["mix, log + confidences"] = cross_fitted(by_confidence, shipped, everything, lengths=confidence_rows)
     # The shipped form fitted on some groups only: without the contrast joins (scored on every group), and, for
     # scale, on whole reviews alone (scored on them only): what a mix fitted for long texts can do there at best.
     reviews = validation.group == 0
@@ -215,6 +216,9 @@ def compare(validation: Validation, transformer: np.ndarray, split_at: list[int]
         as_group = np.where(pairs, (~pairs).sum() / (len(Validation.GROUPS) * pairs.sum()), 1.0)
         systems["mix, log, fitted with the pairs counting as a group"] = cross_fitted(
             mix_features, everything, everything, weights=as_group)
+        # With each branch's confidence, a mix could learn from the pairs to doubt a branch sure of a review it knows.
+        systems["mix, log + confidences, fitted with the pairs counting as a group"] = cross_fitted(
+            by_confidence, everything, everything, lengths=confidence_rows, weights=as_group)
     names = [*Validation.GROUPS, "pair originals", "pair revisions"]
     return {system: {group or "reviews": float((p[rows] == y[rows]).mean()) if (p[rows] >= 0).all() else None
                      for g, group in enumerate(names) if (rows := validation.group == g).any()}

@@ -261,6 +261,7 @@ def test_mix_forms_scores_the_validation_pairs_and_fits_them_only_where_asked():
     # The branch here recognises the originals and misses every revision; fitted with the pairs, the mix leans on
     # the transformer, which reads them.
     assert scored["ngram"]["pair revisions"] == 0.0
+    assert "mix, log + confidences, fitted with the pairs counting as a group" in scored
     assert (scored["mix, log, fitted with the pairs counting as a group"]["pair revisions"]
             > scored["mix, log"]["pair revisions"])
 
