@@ -195,6 +195,10 @@ class NgramBag(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num_classes))
         self.register_buffer("column", None)   # the table in one column (buckets + 1,), once ``compact``
 
+    @property
+    def device(self) -> torch.device:
+        return self.bias.device
+
     @torch.no_grad()
     def compact(self) -> bool:
         """Hold the table as one column (buckets + 1,), float16 where that is exact, instead of (buckets + 1, C)
@@ -213,7 +217,7 @@ class NgramBag(nn.Module):
 
     def slot_values(self, direction: Tensor) -> Tensor:
         """Each slot's weights dotted with ``direction`` (C,) -> (buckets + 1,) float32."""
-        direction = direction.float().to(self.bias.device)
+        direction = direction.float().to(self.device)
         if self.column is not None:
             return self.column.float() * (direction[1] - direction[0])
         return self.weight.float() @ direction
@@ -240,7 +244,7 @@ class NgramBag(nn.Module):
         The branch is a sum over distinct slots, so this is exact: a slot's value is split equally
         over the tokens of all its occurrences (an n-gram seen twice counts once, as in ``forward``).
         """
-        tokens = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.negators.device)[None]   # (1, T)
+        tokens = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)[None]   # (1, T)
         per_family = family_slots(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))
         value = self.slot_values(direction)                                              # (buckets + 1,)
         occurrences: dict[int, list[list[int]]] = {}   # slot -> the token positions of each occurrence
@@ -278,12 +282,13 @@ def slot_sum(table: Tensor, slots: Tensor, padding: int) -> Tensor:
 
 def feature_matrix(bag: NgramBag, ids: list[TokenIds], batch_size: int = 256):
     """Binary n-gram features of pre-tokenized reviews: a SciPy CSR matrix (N, buckets) of float32 ones over
-    int32 slots, sorted in each row, built by the same ``ngram_ids`` the model runs, a batch at a time."""
+    int32 slots, sorted in each row, built by the same ``ngram_ids`` the model runs, a batch at a time, on the
+    bag's device."""
     import scipy.sparse as sp
 
     slots, counts = [np.zeros(0, dtype=np.int32)], [np.zeros(1, dtype=np.int64)]   # counts[0]: indptr's leading 0
     for start in range(0, len(ids), batch_size):
-        batch = bag.slots(pad_batch(ids[start : start + batch_size], bag.pad_id))   # (B, L)
+        batch = bag.slots(pad_batch(ids[start : start + batch_size], bag.pad_id).to(bag.device)).cpu()   # (B, L)
         present = batch != bag.buckets
         slots.append(batch[present].to(torch.int32).numpy())                         # row by row, in order
         counts.append(present.sum(dim=1).numpy())
@@ -347,7 +352,7 @@ def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.
     # (classify.engine.files.pack_rows). On IMDB test this moves the branch's logits by at most 0.03 and changes
     # none of the 25,000 predictions (experiments/RESULTS.md).
     folded = coef.T * torch.as_tensor(scale, dtype=torch.float32)[:, None]
-    bag.weight[torch.as_tensor(seen)] = folded.to(torch.float16).float()
+    bag.weight[torch.as_tensor(seen, device=bag.device)] = folded.to(torch.float16).float().to(bag.device)
     bag.bias.copy_(bias)
 
 
@@ -372,8 +377,9 @@ def _columns_in_use(indices: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, 
 
 @torch.no_grad()
 def bag_logits(bag: NgramBag, ids: list[TokenIds], batch_size: int = 512) -> Tensor:
-    """Logits (N, C) of the bag alone for pre-tokenized reviews."""
-    return torch.cat([bag(pad_batch(ids[s : s + batch_size], bag.pad_id)) for s in range(0, len(ids), batch_size)])
+    """Logits (N, C) of the bag alone for pre-tokenized reviews, computed on the bag's device, returned on the CPU."""
+    return torch.cat([bag(pad_batch(ids[s : s + batch_size], bag.pad_id).to(bag.device)).cpu()
+                      for s in range(0, len(ids), batch_size)])
 
 
 def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], unlabelled: list[TokenIds],

@@ -166,9 +166,10 @@ class MaskedLMTask(Task):
         self.seed, self.device, self.dtype = config.seed, device, dtype
 
     def loss(self, model, batch):
-        tokens = batch["tokens"]  # (B, T)
-        inputs, targets = self.masker(tokens)  # dynamic masking, drawn from the (resumable) torch RNG
-        logits, labels = model(inputs, targets)  # (N, V), (N,)
+        tokens = batch["tokens"]  # (B, T), on the device
+        # Dynamic masking on the CPU, drawn from torch's (resumable) CPU RNG: the same masks on every device.
+        inputs, targets = self.masker(tokens.cpu())
+        logits, labels = model(to_device(inputs, self.device), to_device(targets, self.device))  # (N, V), (N,)
         loss = mlm_loss(logits, labels)
         n = len(labels)
         return loss, {"loss": float(loss.detach()) * n, "correct": float((logits.detach().argmax(-1) == labels).sum()),

@@ -22,11 +22,17 @@ D, H, FF = 16, 4, 32
 TOL = dict(rtol=1e-10, atol=1e-10)
 
 
-@pytest.fixture(autouse=True)
-def float64():
+# The same attention and masks serve every device: each test runs on the CPU and, where the machine has one,
+# on the GPU (CUDA's SDPA picks its own kernels, and float64 must still match torch.nn there).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(autouse=True, params=DEVICES)
+def float64(request):
     torch.manual_seed(0)
     torch.set_default_dtype(torch.float64)
-    yield
+    with torch.device(request.param):
+        yield
     torch.set_default_dtype(torch.float32)
 
 

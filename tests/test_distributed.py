@@ -30,12 +30,16 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # 320 training reviews in batches of 8: 20 steps of 2 batches per epoch, so 24 steps cross an epoch.
 RUN_ARGS = ["--max-steps", "24", "--epochs", "2", "--eval-every", "8", "--save-every", "5", *TINY_MODEL_ARGS,
-            "--batch-size", "8", "--dropout", "0", "--no-negation-edits", "--no-contrast-joins"]  # the data these tests count
+            "--batch-size", "8", "--dropout", "0", "--no-negation-edits", "--no-contrast-joins",  # the data these tests count
+            "--device", "cpu"]  # the single-process twins compare with the CPU ranks
 
 
 def torchrun(*args: str, crash: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node=2 ARGS`` (ARGS: ``-m module ...`` or ``script ...``)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # Two ranks on the CPU (gloo) on every machine, a one-GPU one too: these tests are about the loop's DDP
+    # bookkeeping, and two ranks cannot share one GPU under NCCL.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "CUDA_VISIBLE_DEVICES": ""}
     env.pop("CLASSIFY_TEST_CRASH", None)
     if crash:
         env["CLASSIFY_TEST_CRASH"] = crash

@@ -283,7 +283,7 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
 
 @pytest.mark.slow
 def test_cli_subprocess_exit_codes_and_no_traceback(trained_run, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     ok = subprocess.run([sys.executable, "-m", "classify.predict", "--model", str(trained_run), "--json", "-"],
                         input=b"superb film\n\n\xff awful\n", capture_output=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr.decode()

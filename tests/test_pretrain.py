@@ -155,7 +155,7 @@ def test_init_from_loads_exactly_the_pretrained_encoder(pretrained_run, unlabell
     real_step = loop.optimizer_step
 
     def capture(loss, model, *args, **kwargs):  # the weights as fine-tuning starts, before any update
-        seen.setdefault("state", {k: v.clone() for k, v in model.state_dict().items()})
+        seen.setdefault("state", {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
         return real_step(loss, model, *args, **kwargs)
 
     monkeypatch.setattr(loop, "optimizer_step", capture)
