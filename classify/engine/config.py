@@ -131,8 +131,8 @@ class RuntimeConfig:
 
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
     precision: str = setting("auto", "autocast dtype; auto = bf16 where supported (incl. AVX-512 BF16 CPUs), else "
-                                     "fp16 on CUDA, else fp32 (a model of the default size is launch-bound on a GPU and trains ~10%% "
-                                     "faster there in fp32)", choices=PRECISIONS)
+                                     "fp16 on CUDA, else fp32 (a model of the default size is launch-bound on a "
+                                     "GPU and trains ~10%% faster there in fp32)", choices=PRECISIONS)
     threads: int | None = setting(None, "CPU threads for PyTorch (default: PyTorch's choice, all cores)")
 
 
