@@ -29,9 +29,9 @@ from classify.train import main
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # 320 training reviews in batches of 8: 20 steps of 2 batches per epoch, so 24 steps cross an epoch.
+# No rule-made texts: the data these tests count. On the CPU: the single-process twins compare with the CPU ranks.
 RUN_ARGS = ["--max-steps", "24", "--epochs", "2", "--eval-every", "8", "--save-every", "5", *TINY_MODEL_ARGS,
-            "--batch-size", "8", "--dropout", "0", "--no-negation-edits", "--no-contrast-joins",  # the data these tests count
-            "--device", "cpu"]  # the single-process twins compare with the CPU ranks
+            "--batch-size", "8", "--dropout", "0", "--no-negation-edits", "--no-contrast-joins", "--device", "cpu"]
 
 
 def torchrun(*args: str, crash: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
