@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split-at", type=int, nargs="+", default=[64], metavar="TOKENS",
                    help="lengths at which the hinge and split forms start their second slope or line")
     p.add_argument("--counterfactual-pairs", action="store_true",
-                   help="also score, and fit one mix with, the counterfactual pairs whose original is a validation "
-                        "review (runs trained with --counterfactual)")
+                   help="also score the counterfactual pairs whose original is a validation review, and fit three "
+                        "mixes with them (runs trained with --counterfactual)")
     p.add_argument("--name", default="mix_forms", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)

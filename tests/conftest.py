@@ -14,6 +14,14 @@ NEGATIVE = ["awful", "boring", "terrible", "hated", "dull", "worst", "stupid", "
 FILLER = ("the movie film plot actor story scene was and it a of this to in with director music "
           "cast ending character really quite very some time").split()
 SHARED_IMDB = Path(__file__).resolve().parents[2] / "shared" / "imdb"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child Python, the repository first on PYTHONPATH and the caller's entries
+    kept (a machine may need them to find its packages), plus ``extra``."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            **extra}
 
 
 def synthetic_reviews(n: int, seed: int = 0) -> list[tuple[str, int]]:

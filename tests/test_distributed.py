@@ -9,7 +9,6 @@ dropout 0 both runs compute the same updates up to floating-point rounding.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL_ARGS, synthetic_reviews
+from conftest import REPO, TINY_MODEL_ARGS, subprocess_env, synthetic_reviews
 
 from classify.engine.files import load_tensors, read_jsonl
 from classify.engine.loop import reshard_epoch
@@ -26,7 +25,6 @@ from classify.inference import load_run, softmax
 from classify.text.batching import BucketBatchSampler
 from classify.train import main
 
-REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("distributed_worker.py")
 # 320 training reviews in batches of 8: 20 steps of 2 batches per epoch, so 24 steps cross an epoch.
 # No rule-made texts: the data these tests count. On the CPU: the single-process twins compare with the CPU ranks.
@@ -38,8 +36,7 @@ def torchrun(*args: str, crash: str | None = None, timeout: float = 180) -> subp
     """``torchrun --standalone --nproc_per_node=2 ARGS`` (ARGS: ``-m module ...`` or ``script ...``)."""
     # Two ranks on the CPU (gloo) on every machine, a one-GPU one too: these tests are about the loop's DDP
     # bookkeeping, and two ranks cannot share one GPU under NCCL.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "CUDA_VISIBLE_DEVICES": ""}
+    env = subprocess_env(CUDA_VISIBLE_DEVICES="")
     env.pop("CLASSIFY_TEST_CRASH", None)
     if crash:
         env["CLASSIFY_TEST_CRASH"] = crash

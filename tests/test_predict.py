@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import synthetic_reviews, write_csv, write_jsonl
+from conftest import subprocess_env, synthetic_reviews, write_csv, write_jsonl
 
 import classify.text.inputs as inputs_module
 from classify import predict
@@ -23,7 +23,6 @@ from classify.explain import explain, to_html, token_attributions
 from classify.inference import load_run
 from classify.predict import main
 
-ROOT = Path(__file__).resolve().parents[1]
 GOOD = ["A wonderful, superb film; I loved the brilliant cast.", "Awful and boring, the worst waste of time.",
         "The plot was funny and the music beautiful.", "Dull, stupid and terrible."]
 
@@ -283,7 +282,7 @@ def test_default_model_is_the_newest_run(trained_run, tmp_path, capsys, monkeypa
 
 @pytest.mark.slow
 def test_cli_subprocess_exit_codes_and_no_traceback(trained_run, tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = subprocess_env()
     ok = subprocess.run([sys.executable, "-m", "classify.predict", "--model", str(trained_run), "--json", "-"],
                         input=b"superb film\n\n\xff awful\n", capture_output=True, env=env, timeout=120)
     assert ok.returncode == 0, ok.stderr.decode()
