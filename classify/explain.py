@@ -97,21 +97,21 @@ def token_attributions(run: LoadedRun, ids: list[int], target: int, steps: int, 
 def explain(run: LoadedRun, text: str, target: int, steps: int, device: torch.device) -> Explanation:
     """Explain the model's score for class ``target`` on raw review ``text``.
 
-    The tokens are those of the run's ``Preprocessing`` (same normalisation, tokenizer and
-    truncation); the tokenizer's offsets map them back to words.
+    The tokens are those of the run's ``Preprocessing`` (same normalisation, tokenizer, typing-slip
+    correction and truncation); the tokenizer's offsets map them back to words.
     """
     normalized = normalize(text)
-    encoding = run.tokenizer.encode(normalized, add_special_tokens=False)
-    kept = truncate(list(range(len(encoding.ids))), run.max_len, run.truncation)
+    [(ids, offsets, _)] = run.preprocessing.tokens([normalized])
+    kept = truncate(list(range(len(ids))), run.max_len, run.truncation)
     if not kept:
         return Explanation(normalized, target, [], [])
-    scores = token_attributions(run, [encoding.ids[i] for i in kept], target, steps, device)
+    scores = token_attributions(run, [ids[i] for i in kept], target, steps, device)
 
     spans = [m.span() for m in _WORD.finditer(normalized)]
     starts = [start for start, _ in spans]
     word_score: dict[int, float] = {}
     for position, score in zip(kept, scores):
-        word = bisect.bisect_right(starts, encoding.offsets[position][0]) - 1
+        word = bisect.bisect_right(starts, offsets[position][0]) - 1
         word_score[word] = word_score.get(word, 0.0) + float(score)
     words = [(*spans[w], s) for w, s in sorted(word_score.items())]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,42 +76,45 @@ class LoadedRun:
         return self.backend.model
 
 
-def _read(path: Path, kind: str) -> tuple[dict, ClassifierConfig, Tokenizer, list[str], str]:
+def _read(path: Path, kind: str) -> tuple[dict, ClassifierConfig, list[str], Preprocessing]:
     """config.json and tokenizer.json of a model folder, checked against each other: (config, model config,
-    tokenizer, labels, truncation)."""
+    labels, how the run reads its texts)."""
     config, model_config = read_model_config(path, kind, ClassifierConfig)
     tokenizer = load_tokenizer(path / TOKENIZER)
     if tokenizer.get_vocab_size() != model_config.vocab_size:
         raise ClassifyError(f"tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model's embedding "
                             f"has {model_config.vocab_size}: the folder mixes files from different runs")
     labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
-    return config, model_config, tokenizer, list(labels), config.get("train", {}).get("truncation", "head+tail")
+    train = config.get("train", {})   # runs from before a setting existed read as they were trained
+    preprocessing = Preprocessing(tokenizer, model_config.max_len, train.get("truncation", "head+tail"),
+                                  train.get("spelling", False))
+    return config, model_config, list(labels), preprocessing
 
 
 def load_run(path: str | Path, device: torch.device, dtype: torch.dtype | None = None) -> LoadedRun:
     """A run folder (``config.json``, ``tokenizer.json``, ``model.safetensors``) on PyTorch; every way these can
     be missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
     path = Path(path)
-    config, model_config, tokenizer, labels, truncation = _read(path, KIND)
+    config, model_config, labels, preprocessing = _read(path, KIND)
     model = Classifier(model_config)
     load_model_weights(model, path / WEIGHTS)
     if model.ngram is not None:
         model.ngram.compact()   # a quarter of the table's memory; nothing here fits or saves it
     backend = TorchBackend(model.to(device), device, dtype)
-    return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
+    return LoadedRun(path, config, labels, preprocessing, backend)
 
 
 def load_export(path: str | Path, threads: int | None = None) -> LoadedRun:
     """A folder written by ``classify.export`` (``model.onnx`` beside the run's config and tokenizer) on ONNX
     Runtime with ``threads`` threads."""
     path = Path(path)
-    config, model_config, tokenizer, labels, truncation = _read(path, EXPORT_KIND)
+    config, model_config, labels, preprocessing = _read(path, EXPORT_KIND)
     if not (path / ONNX_MODEL).is_file():
         raise ClassifyError(f"{ONNX_MODEL} not found in {path}: export the run again with python -m classify.export")
     export = config.get("export", {})
     backend = OnnxBackend(path / ONNX_MODEL, model_config.pad_id, model_config.max_len, model_config.num_classes,
                           int(export.get("parameters", 0)), threads, export.get("weights", "fp32"))
-    return LoadedRun(path, config, labels, Preprocessing(tokenizer, model_config.max_len, truncation), backend)
+    return LoadedRun(path, config, labels, preprocessing, backend)
 
 
 def open_run(model: str | None, settings: InferenceConfig | Namespace, console: Console) -> LoadedRun:
@@ -137,6 +140,8 @@ def open_run(model: str | None, settings: InferenceConfig | Namespace, console: 
     else:
         device, dtype = runtime(settings)
         run = load_run(path, device, dtype)
+    if settings.spelling is not None:
+        run.preprocessing = replace(run.preprocessing, spelling=settings.spelling)
     how = "" if model is not None else f" (the newest under {RUNS_DIR}/; choose another with --model)"
     r = run.backend.runtime
     console.print(f"model: {escape(str(path))}{how}, {'ONNX Runtime' if onnx else 'PyTorch'} on {r['device']}, "

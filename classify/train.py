@@ -102,6 +102,12 @@ class TrainConfig(ReviewRunConfig):
                                       "reviews, the validation split's too, for the model it keeps; the mix and the "
                                       "validation scores still use the first fit's logits, which have not seen "
                                       "those reviews. IMDB test: about +0.1 point (3 seeds)")
+    spelling: bool = setting(True, "wherever the run is used (predict, evaluate, serve, an export; and the final "
+                                   "test score), read an unknown word that is one typing slip (a letter deleted, "
+                                   "inserted, replaced, or two swapped) from a word of the vocabulary as that "
+                                   "word, the most frequent if several; capitalised words inside a sentence are "
+                                   "taken for names. Training and validation read the reviews as written "
+                                   "(text.spelling; word tokenizers only)")
     short_texts: bool = setting(True, "also train on the closing sentence of every training review, with its review's "
                                       "target, and validate on those of the validation reviews: the mix and the "
                                       "checkpoint are chosen on whole reviews and short texts alike (text.windows)")
@@ -165,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "counterfactual", "counterfactual_repeat", "short_texts", "negation_edits",
+                               "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "negation_edits",
                                "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                "contrast_join_repeat"],
               defaults={"data": default_source()})
@@ -523,7 +529,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if model_config.ngram_negation:
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
-    encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids
+    encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids   # as written: no --spelling
     train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
     edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
@@ -616,7 +622,7 @@ def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokeni
         console.log(f"no test evaluation: {err}")
         return None
     load_model_weights(model, run.path / WEIGHTS)
-    ids = Preprocessing(tokenizer, model.config.max_len, config.truncation).ids(test.texts)
+    ids = Preprocessing(tokenizer, model.config.max_len, config.truncation, config.spelling).ids(test.texts)
     t0 = time.monotonic()
     parts = batched_branches(TorchBackend(model, device, dtype), ids, config.batch_size * 2)
     logits = mixed_logits(model.mix.double().cpu().numpy(), *parts) if parts.ngram is not None else parts.transformer

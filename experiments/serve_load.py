@@ -299,7 +299,7 @@ def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threa
     from classify.inference import classify_texts, open_run
 
     # The server's backend, threads and precision, as its worker opens the model.
-    settings = argparse.Namespace(backend=backend, device="cpu", precision=precision, threads=threads)
+    settings = argparse.Namespace(backend=backend, device="cpu", precision=precision, threads=threads, spelling=None)
     run = open_run(model, settings, Console(quiet=True))
     starts = np.cumsum([0, *sizes])
 

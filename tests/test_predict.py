@@ -314,3 +314,11 @@ def test_open_inputs_checks_up_front():
     reviews = list(inputs_module.open_inputs([t for t, _ in synthetic_reviews(3)], None, "auto", tty).reviews)
     assert [r.source for r in reviews] == ["argument 1", "argument 2", "argument 3"]
     assert np.all([r.nbytes > 0 for r in reviews])
+
+
+def test_typing_slips_are_read_as_meant_unless_switched_off(trained_run, capsys):
+    slip, meant = run_json(capsys, "--model", str(trained_run), "a wondreful and moving film",
+                           "a wonderful and moving film")
+    assert slip["notes"] == ["read 'wondreful' as 'wonderful'"] and slip["probabilities"] == meant["probabilities"]
+    [raw] = run_json(capsys, "--model", str(trained_run), "--no-spelling", "a wondreful and moving film")
+    assert raw["notes"] == [] and raw["probabilities"] != meant["probabilities"]
