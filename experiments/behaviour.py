@@ -12,7 +12,6 @@ here several runs share one table. The suite is a test set: nothing is tuned on 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -21,21 +20,13 @@ import torch
 from classify.evaluate import behaviour_report, counterfactual_report, system_predictors
 from classify.inference import load_run
 
-from . import add_results_args, results_folder
+from . import results_folder, scoring_args
 from .trainruns import experiment_meta, write_results
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m experiments.behaviour", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", type=Path, required=True, help="classifier run folders")
-    p.add_argument("--counterfactual", metavar="PATH", help="counterfactual pairs (../shared/imdb-counterfactual)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--name", default="behaviour", help="the report's file name")
-    add_results_args(p, "NAME.json and .md")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = scoring_args("experiments.behaviour", __doc__, argv)
     device = torch.device("cpu")
 
     results = {}

@@ -11,7 +11,6 @@ the held-out edited reviews, for the model and each branch alone; and how many t
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from classify.evaluate import (behaviour_report, counterfactual_report, run_prob
 from classify.inference import LoadedRun, load_run
 from classify.text.data import load_split, normalize
 
-from . import add_results_args, results_folder
+from . import results_folder, scoring_args
 from .trainruns import experiment_meta, write_results
 
 
@@ -53,15 +52,7 @@ def score(run: LoadedRun, val, test, counterfactual: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m experiments.spelling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", type=Path, required=True, help="classifier run folders")
-    p.add_argument("--counterfactual", metavar="PATH", help="counterfactual pairs (../shared/imdb-counterfactual)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--name", default="spelling", help="the report's file name")
-    add_results_args(p, "NAME.json and .md")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = scoring_args("experiments.spelling", __doc__, argv)
 
     results: dict[str, dict] = {}
     for path in args.runs:

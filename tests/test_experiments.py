@@ -211,6 +211,19 @@ def test_behaviour_tables_every_system_of_every_run(trained_run, counterfactual_
     assert f"| negated positive (mft, 200) | {100 * rate:.1f}% |" in table and "| counterfactual revised |" in table
 
 
+def test_spelling_scores_each_run_as_written_and_with_slips_read(trained_run, tmp_path):
+    from experiments.spelling import main as spelling_main
+
+    assert spelling_main(["--runs", str(trained_run), "--results", str(tmp_path)]) == 0
+    by = json.loads((tmp_path / "spelling.json").read_text())["runs"][str(trained_run)]
+    assert by["off"]["corrected"] == {"validation": 0.0, "test": 0.0}
+    assert set(by["on"]["test"]) == {"model", "transformer alone", "n-gram branch alone"}
+    typos = [by[k]["behaviour"]["systems"]["model"]["capabilities"]["typos"]["failure_rate"] for k in ("off", "on")]
+    assert typos[1] <= typos[0]
+    table = (tmp_path / "spelling.md").read_text()
+    assert f"| {trained_run.name} | off | 0.00% / 0.00% |" in table and f"| {trained_run.name} | on |" in table
+
+
 def test_mix_forms_refits_the_mix_on_the_runs_own_validation_texts(trained_run, tmp_path):
     from experiments.mix_forms import main as forms_main
 
