@@ -37,7 +37,8 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """Clip, normalise, tokenize, correct typing slips and truncate raw texts as a model was trained to read them."""
+    """Clip, normalise, tokenize, correct typing slips and truncate raw texts as a run reads them (training reads
+    its reviews without the correction: ``spelling`` False)."""
 
     tokenizer: Tokenizer
     max_len: int
