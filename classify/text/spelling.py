@@ -64,17 +64,17 @@ class Speller:
             return None
         return cls(tokenizer)
 
-    def nearest(self, word: str) -> tuple[str, int] | None:
-        """The known word one edit from the unknown ``word`` (already normalised) and its id, or None (also for
-        a word of English)."""
-        if word not in self.cache:
-            found = None
+    def nearest(self, written: str) -> tuple[str, int] | None:
+        """The known word one edit from the unknown word ``written`` (as in the text; normalised as the tokenizer
+        does, once per distinct spelling: the answer is cached) and its id, or None (also for a word of English)."""
+        if written not in self.cache:
+            word, found = self.tokenizer.normalizer.normalize_str(written), None
             if len(word) >= MIN_LETTERS and word.isalpha() and word not in english_words():
                 hits = self.symspell.lookup(word, Verbosity.TOP, max_edit_distance=1)
                 if hits:
                     found = hits[0].term, self.tokenizer.token_to_id(hits[0].term)
-            self.cache[word] = found
-        return self.cache[word]
+            self.cache[written] = found
+        return self.cache[written]
 
     def correct(self, text: str, ids: list[int], offsets: list[tuple[int, int]]
                 ) -> tuple[list[int], list[tuple[str, str]]]:
@@ -91,7 +91,7 @@ class Speller:
             if looks_like_a_name(text, start, end):
                 continue
             written = text[start:end]
-            found = self.nearest(self.tokenizer.normalizer.normalize_str(written))
+            found = self.nearest(written)
             if found is not None:
                 out[position] = found[1]
                 fixes.append((written, found[0]))
