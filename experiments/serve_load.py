@@ -18,8 +18,10 @@ server (batching on) per --threads; its capacity is measured closed-loop (--capa
 --rounds rounds of --requests); then requests arrive at those fractions of capacity, Poisson-spaced and
 independent of the answers, for --seconds each. Latency counts from when a request was due, so a load
 generator that falls behind cannot hide queueing. The serving efficiency is the capacity over what the
-model alone (no HTTP, this process, the server's threads and precision) does on the batch sizes the
-server ran at capacity:
+model alone (no HTTP, the server's threads and precision, this process's environment) does on the batch sizes
+the server ran at capacity. The server lets PyTorch's idle threads sleep (OMP_WAIT_POLICY=PASSIVE), which costs
+the model itself time on some machines; when its policy differs from this process's, the model alone is also
+run with the server's, and the efficiency against that tells the loss to HTTP apart from the threads' waking up:
 
     python -m experiments.serve_load --model runs/small --threads 2 --open-loop 0.5 0.8 0.95 \\
         --capacity-clients 32 --seconds 20 --output experiments/results/serve_open_loop
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -260,11 +263,15 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
 
 
 def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict,
-                workers: int = 1, seconds: float = 10.0, backend: str = "torch") -> dict:
+                workers: int = 1, seconds: float = 10.0, backend: str = "torch",
+                wait_policy: str | None = None) -> dict:
     """Reviews/s of the model alone (no HTTP) on batches of ``sizes`` texts, through ``inference.classify_texts``
     with the server's batching settings, as a server worker calls it: in ``workers`` processes at once (as many as
     the server ran, each with its backend, threads and precision and its share of the batches), each going round its
-    batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s."""
+    batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s.
+
+    ``wait_policy``: the processes' ``OMP_WAIT_POLICY`` (how PyTorch's idle threads wait; libgomp reads it when
+    a process starts); ``""``: unset (libgomp's default); None: as in this process's environment."""
     import multiprocessing
     import queue
 
@@ -274,8 +281,9 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
                                                                 precision, backend, limits, seconds, barrier,
                                                                 results))
                  for k in range(workers)]
-    for process in processes:
-        process.start()
+    with _environment("OMP_WAIT_POLICY", wait_policy):   # spawned processes copy the environment as they start
+        for process in processes:
+            process.start()
     try:
         counts = [results.get(timeout=STARTUP_SECONDS + 10 * seconds) for _ in processes]
     except queue.Empty:
@@ -284,9 +292,27 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     finally:
         for process in processes:
             process.join(10)
-    return {"threads": threads, "workers": workers, "precision": counts[0]["precision"], "batches": len(sizes),
+    return {"backend": backend, "threads": threads, "workers": workers, "precision": counts[0]["precision"],
+            "batches": len(sizes), "wait_policy": os.environ.get("OMP_WAIT_POLICY") if wait_policy is None else wait_policy or None,
             "mean_batch": round(float(np.mean(sizes)), 1),
             "reviews_per_s": round(sum(c["reviews"] / c["seconds"] for c in counts), 1)}
+
+
+@contextmanager
+def _environment(name: str, value: str | None) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block (``""``: unset; None: left as it is), restored after."""
+    before = os.environ.get(name)
+    if value:
+        os.environ[name] = value
+    elif value == "":
+        os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str,
@@ -350,11 +376,22 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
         with urllib.request.urlopen(f"{url}/v1/model", timeout=60) as answer:
             info = json.load(answer)
     sizes = [size for r in rounds for size in r["recent_batches"]]
-    alone = model_alone(args.model, reviews, sizes, server["threads"], args.precision, info["runtime"]["limits"],
-                        workers, backend=args.backend)
-    return {"server": " ".join(flags), "threads": server["threads"], "workers": workers,
-            "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
-            "model_alone": alone, "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}, info
+    reference = functools.partial(model_alone, args.model, reviews, sizes, server["threads"], args.precision,
+                                  info["runtime"]["limits"], workers, seconds=min(10.0, args.seconds),
+                                  backend=args.backend)
+    alone = reference()
+    result = {"server": " ".join(flags), "threads": server["threads"], "workers": workers,
+              "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
+              "model_alone": alone, "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}
+    # The server lets its idle PyTorch threads sleep (classify.serve sets OMP_WAIT_POLICY=PASSIVE), where this
+    # process's own environment may let them spin: the model alone as the server runs it too, so that the loss to
+    # HTTP and the load generator is told apart from the threads' cost of waking up.
+    served_policy = info["runtime"].get("omp_wait_policy")
+    if args.backend == "torch" and served_policy != alone["wait_policy"]:
+        as_served = reference(wait_policy=served_policy or "")
+        result |= {"model_alone_as_served": as_served,
+                   "efficiency_as_served": round(capacity["requests_per_s"] / as_served["reviews_per_s"], 3)}
+    return result, info
 
 
 def compute_reference(model: str, reviews: list[str], threads: int, limits: dict) -> dict:
@@ -428,7 +465,11 @@ def open_loop_markdown(result: dict) -> str:
                   f"**{c['requests_per_s']} reviews/s**, p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
                   f"{c['failures']} failures, mean batch {c['mean_batch']}. The model alone on the same "
                   f"{alone['batches']} batches (mean {alone['mean_batch']} texts{together}): "
-                  f"{alone['reviews_per_s']} reviews/s. Serving efficiency: **{r['efficiency']:.0%}**.", "",
+                  f"{alone['reviews_per_s']} reviews/s{_policy(alone)}. Serving efficiency: **{r['efficiency']:.0%}**"
+                  + ("." if "model_alone_as_served" not in r else
+                     f"; against the model alone with its threads waiting as the server's do"
+                     f"{_policy(r['model_alone_as_served'])}, {r['model_alone_as_served']['reviews_per_s']} reviews/s: "
+                     f"**{r['efficiency_as_served']:.0%}**."), "",
                   "| load | target/s | offered/s (drawn) | served/s | requests | p50 ms | p95 ms | p99 ms | failures "
                   "| mean batch | sender late, max ms | client CPU ms/request |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -438,6 +479,13 @@ def open_loop_markdown(result: dict) -> str:
                   f"{lv['max_send_late_ms']} | {lv['client_cpu_ms']} |" for lv in r["open_loop"]]
         lines.append("")
     return "\n".join(lines)
+
+
+def _policy(alone: dict) -> str:
+    """How the reference's PyTorch threads waited, for the report (ONNX Runtime has threads of its own)."""
+    if alone.get("backend") == "onnx":
+        return ""
+    return f" (OMP_WAIT_POLICY={alone['wait_policy']})" if alone.get("wait_policy") else " (libgomp's default wait)"
 
 
 def cpu_has_bf16() -> bool:

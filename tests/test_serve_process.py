@@ -125,7 +125,8 @@ def test_load_generator_records_every_mode_without_failures(trained_run, parquet
     assert reference["threads"] == 1 and reference["one_at_a_time_ms"] > 0 and reference["batched_ms"] > 0
 
 
-def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run, parquet_data, tmp_path):
+def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run, parquet_data, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)   # the load test's own threads: libgomp's default
     out = tmp_path / "open_loop"
     assert load_main(["--model", str(trained_run), "--data", str(parquet_data / "test.parquet"), "--threads", "1",
                       "--open-loop", "0.5", "0.8", "--seconds", "1", "--requests", "16", "--rounds", "1",
@@ -142,7 +143,14 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
     assert run["model_alone"]["precision"] == "fp32" and run["model_alone"]["reviews_per_s"] > 0
     assert run["efficiency"] == pytest.approx(run["capacity"]["requests_per_s"] / run["model_alone"]["reviews_per_s"],
                                               abs=1e-3)
-    assert "| 80% |" in out.with_suffix(".md").read_text() and result["cpu_flags"] is not None
+    # The server's threads sleep (PASSIVE) where the reference's spin: the model alone is also run as served.
+    assert run["model_alone"]["wait_policy"] is None
+    as_served = run["model_alone_as_served"]
+    assert as_served["wait_policy"] == "PASSIVE" and as_served["reviews_per_s"] > 0
+    assert run["efficiency_as_served"] == pytest.approx(run["capacity"]["requests_per_s"] / as_served["reviews_per_s"],
+                                                        abs=1e-3)
+    markdown = out.with_suffix(".md").read_text()
+    assert "| 80% |" in markdown and "(OMP_WAIT_POLICY=PASSIVE)" in markdown and result["cpu_flags"] is not None
 
 
 def test_open_loop_load_test_drives_an_onnx_server_and_its_model_alone(int8_export, parquet_data, tmp_path):
@@ -154,6 +162,7 @@ def test_open_loop_load_test_drives_an_onnx_server_and_its_model_alone(int8_expo
     run = json.loads(out.with_suffix(".json").read_text())["runs"]["--threads 1 --workers 1"]
     assert run["capacity"]["failures"] == 0 and run["open_loop"][0]["failures"] == 0
     assert run["model_alone"]["reviews_per_s"] > 0 and run["model_alone"]["precision"] == "int8"
+    assert "model_alone_as_served" not in run   # ONNX Runtime's threads are its own: no OpenMP policy to compare
 
 
 # --------------------------------------------------------------------- real browser
