@@ -9,6 +9,7 @@ lengths in length-bucketed batches.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -30,7 +31,8 @@ class Backend(Protocol):
     max_len: int              # the longest input, in tokens
     num_classes: int
     parameters: int           # the model's size, for /v1/model
-    runtime: dict             # how it computes, for /v1/model: backend, device, precision, threads
+    runtime: dict             # how it computes, for /v1/model: backend, device, precision, threads (PyTorch on a
+                              # CPU: also how its idle OpenMP threads wait)
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
         """tokens (B, T) int64, right-padded with ``pad_id`` -> logits (B, num_classes) float32."""
@@ -52,7 +54,9 @@ class TorchBackend:
     def runtime(self) -> dict:
         return {"backend": self.name, "device": str(self.device),
                 "precision": str(self.dtype).removeprefix("torch.") if self.dtype else "fp32",
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(),
+                # on a CPU, how the idle OpenMP threads wait (None: libgomp's default, spin a while, then sleep)
+                **({"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or None} if self.device.type == "cpu" else {})}
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
         return self._run(self.model, tokens).float().cpu().numpy()

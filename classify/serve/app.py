@@ -154,9 +154,7 @@ def create_app(service: ModelService, limits: Limits = Limits(), api_key: str | 
     async def model() -> ModelInfo:
         """The loaded run: its folder, sizes, training and test metrics; and how it is being served."""
         runtime = {**service.run.backend.runtime, "limits": asdict(limits), "batches": asdict(batcher.stats),
-                   "process": os.getpid(),   # with --workers, which worker answered (each batches on its own)
-                   # how PyTorch's idle OpenMP threads wait (None: libgomp's default, spin a while then sleep)
-                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or None}
+                   "process": os.getpid()}   # with --workers, which worker answered (each batches on its own)
         return ModelInfo(**service.describe(), runtime=runtime)
 
     @app.get("/metrics", include_in_schema=False)
