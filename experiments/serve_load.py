@@ -293,7 +293,8 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
         for process in processes:
             process.join(10)
     return {"backend": backend, "threads": threads, "workers": workers, "precision": counts[0]["precision"],
-            "batches": len(sizes), "wait_policy": os.environ.get("OMP_WAIT_POLICY") if wait_policy is None else wait_policy or None,
+            "batches": len(sizes),
+            "wait_policy": os.environ.get("OMP_WAIT_POLICY") if wait_policy is None else wait_policy or None,
             "mean_batch": round(float(np.mean(sizes)), 1),
             "reviews_per_s": round(sum(c["reviews"] / c["seconds"] for c in counts), 1)}
 
