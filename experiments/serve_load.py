@@ -263,15 +263,15 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
 
 
 def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict,
-                workers: int = 1, seconds: float = 10.0, backend: str = "torch",
-                wait_policy: str | None = None) -> dict:
+                workers: int = 1, seconds: float = 10.0, backend: str = "torch", *,
+                wait_policy: str | None) -> dict:
     """Reviews/s of the model alone (no HTTP) on batches of ``sizes`` texts, through ``inference.classify_texts``
     with the server's batching settings, as a server worker calls it: in ``workers`` processes at once (as many as
     the server ran, each with its backend, threads and precision and its share of the batches), each going round its
     batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s.
 
     ``wait_policy``: the processes' ``OMP_WAIT_POLICY`` (how PyTorch's idle threads wait; libgomp reads it when
-    a process starts); ``""``: unset (libgomp's default); None: as in this process's environment."""
+    a process starts); None: unset, libgomp's default."""
     import multiprocessing
     import queue
 
@@ -292,21 +292,20 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     finally:
         for process in processes:
             process.join(10)
-    return {"backend": backend, "threads": threads, "workers": workers, "precision": counts[0]["precision"],
-            "batches": len(sizes),
-            "wait_policy": os.environ.get("OMP_WAIT_POLICY") if wait_policy is None else wait_policy or None,
+    return {"threads": threads, "workers": workers, "precision": counts[0]["precision"],
+            "wait_policy": counts[0]["wait_policy"], "batches": len(sizes),
             "mean_batch": round(float(np.mean(sizes)), 1),
             "reviews_per_s": round(sum(c["reviews"] / c["seconds"] for c in counts), 1)}
 
 
 @contextmanager
 def _environment(name: str, value: str | None) -> Iterator[None]:
-    """``os.environ[name] = value`` inside the block (``""``: unset; None: left as it is), restored after."""
+    """``os.environ[name] = value`` inside the block (None: unset), restored after."""
     before = os.environ.get(name)
-    if value:
-        os.environ[name] = value
-    elif value == "":
+    if value is None:
         os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
     try:
         yield
     finally:
@@ -348,8 +347,10 @@ def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threa
                 done += len(batch)
                 if time.perf_counter() - begin >= seconds:
                     break
+        # the wait policy as the backend saw it (None: libgomp's default; ONNX Runtime has no OpenMP threads)
         results.put({"reviews": done, "seconds": time.perf_counter() - begin,
-                     "precision": run.backend.runtime["precision"]})
+                     "precision": run.backend.runtime["precision"],
+                     "wait_policy": run.backend.runtime.get("omp_wait_policy")})
 
 
 def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) -> tuple[dict, dict]:
@@ -380,8 +381,8 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
     reference = functools.partial(model_alone, args.model, reviews, sizes, server["threads"], args.precision,
                                   info["runtime"]["limits"], workers, seconds=min(10.0, args.seconds),
                                   backend=args.backend)
-    alone = reference()
-    result = {"server": " ".join(flags), "threads": server["threads"], "workers": workers,
+    alone = reference(wait_policy=os.environ.get("OMP_WAIT_POLICY"))   # as this process's environment has it
+    result = {"server": " ".join(flags), "backend": args.backend, "threads": server["threads"], "workers": workers,
               "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
               "model_alone": alone, "efficiency": round(capacity["requests_per_s"] / alone["reviews_per_s"], 3)}
     # The server lets its idle PyTorch threads sleep (classify.serve sets OMP_WAIT_POLICY=PASSIVE), where this
@@ -389,7 +390,7 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
     # HTTP and the load generator is told apart from the threads' cost of waking up.
     served_policy = info["runtime"].get("omp_wait_policy")
     if args.backend == "torch" and served_policy != alone["wait_policy"]:
-        as_served = reference(wait_policy=served_policy or "")
+        as_served = reference(wait_policy=served_policy)
         result |= {"model_alone_as_served": as_served,
                    "efficiency_as_served": round(capacity["requests_per_s"] / as_served["reviews_per_s"], 3)}
     return result, info
@@ -458,7 +459,7 @@ def open_loop_markdown(result: dict) -> str:
              f"{', '.join(result['cpu_flags']) or 'none of note'}; load average before/after: "
              f"{result['load_before']} / {result['load_after']}.", ""]
     for r in result["runs"].values():
-        c, alone = r["capacity"], r["model_alone"]
+        c, alone, served = r["capacity"], r["model_alone"], r.get("model_alone_as_served")
         together = f", in {alone['workers']} processes at once" if alone["workers"] > 1 else ""
         window = "" if "--max-delay-ms" in r["server"] else f" (--max-delay-ms {r['max_delay_ms']:g})"
         lines += [f"## {r['server']}{window}, precision {alone['precision']}", "",
@@ -466,10 +467,11 @@ def open_loop_markdown(result: dict) -> str:
                   f"**{c['requests_per_s']} reviews/s**, p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms, "
                   f"{c['failures']} failures, mean batch {c['mean_batch']}. The model alone on the same "
                   f"{alone['batches']} batches (mean {alone['mean_batch']} texts{together}): "
-                  f"{alone['reviews_per_s']} reviews/s{_policy(alone)}. Serving efficiency: **{r['efficiency']:.0%}**"
-                  + ("." if "model_alone_as_served" not in r else
+                  f"{alone['reviews_per_s']} reviews/s{_policy(alone, r['backend'])}. "
+                  f"Serving efficiency: **{r['efficiency']:.0%}**"
+                  + ("." if served is None else
                      f"; against the model alone with its threads waiting as the server's do"
-                     f"{_policy(r['model_alone_as_served'])}, {r['model_alone_as_served']['reviews_per_s']} reviews/s: "
+                     f"{_policy(served, r['backend'])}, {served['reviews_per_s']} reviews/s: "
                      f"**{r['efficiency_as_served']:.0%}**."), "",
                   "| load | target/s | offered/s (drawn) | served/s | requests | p50 ms | p95 ms | p99 ms | failures "
                   "| mean batch | sender late, max ms | client CPU ms/request |",
@@ -482,9 +484,9 @@ def open_loop_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _policy(alone: dict) -> str:
+def _policy(alone: dict, backend: str) -> str:
     """How the reference's PyTorch threads waited, for the report (ONNX Runtime has threads of its own)."""
-    if alone.get("backend") == "onnx":
+    if backend == "onnx":
         return ""
     return f" (OMP_WAIT_POLICY={alone['wait_policy']})" if alone.get("wait_policy") else " (libgomp's default wait)"
 
