@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p.add_argument_group("model (fine-tuning inherits these)"), ClassifierConfig, MODEL_FLAGS)
     add_flags(p.add_argument_group("optimisation"), PretrainConfig,
               ["mask_prob", "epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip",
-               "max_tokens", "grad_accum", "eval_every", "patience"])
+               "average_from", "max_tokens", "grad_accum", "eval_every", "patience"])
     g = p.add_argument_group("run")
     add_flags(g, PretrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])
     add_run_folder_args(g)

@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "ngram_self_train", "ngram_refit", "pseudo_labels",
                                "soft_labels"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
-              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "batch_size",
-               "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
+              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
+               "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
     add_flags(p.add_argument_group("fine-tuning (see classify.pretrain)"), TrainConfig, ["init_from", "layer_decay"])
     g = p.add_argument_group("run")
     add_flags(g, TrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])

@@ -13,6 +13,7 @@ import torch
 
 import classify.engine.files as files
 import classify.engine.loop as loop
+from classify.engine.average import WeightAverage
 from classify.engine.files import load_tensors, read_json
 from classify.engine.runfolder import LAST, LOCK, METRICS, WEIGHTS, RunFolder
 from classify.errors import run_cli
@@ -45,10 +46,12 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def command(kind: str, parquet_data: Path, corpus: Path, out: Path) -> tuple:
-    """(main, argv) of a small run of trainer ``kind`` into ``out``."""
-    if kind == "classifier":  # one thread, as the other two: tiny models crawl on two busy ones
+    """(main, argv) of a small run of trainer ``kind`` into ``out``; "classifier+average" keeps a weight average
+    from a quarter of the steps on (step 6), so the kill in step 13 leaves one of 5 steps in last/."""
+    if kind.startswith("classifier"):  # one thread, as the other two: tiny models crawl on two busy ones
+        average = ["--average-from", "0.25"] if kind.endswith("+average") else []
         return train_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_MODEL_ARGS,
-                            "--threads", "1"]
+                            "--threads", "1", *average]
     if kind == "pretrain":
         return pretrain_main, ["--data", str(parquet_data), "--output", str(out), *LOOP_ARGS, *TINY_PRETRAIN_ARGS]
     return seq2seq_main, ["train", "--data", str(corpus), "--output", str(out), *LOOP_ARGS, *TINY_SEQ2SEQ_ARGS]
@@ -64,12 +67,12 @@ def last_state(run: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return state, load_tensors(run / LAST / state["weights_file"])
 
 
-@pytest.mark.parametrize("kind", ["classifier", "pretrain", "seq2seq"])
+@pytest.mark.parametrize("kind", ["classifier", "classifier+average", "pretrain", "seq2seq"])
 def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, unlabelled_data, corpus, tmp_path,
                                                        monkeypatch):
     # The classifier reads unlabelled reviews too: self-training and pseudo-labels, which a resumed run must
     # take from the run folder, not fit again.
-    data = unlabelled_data if kind == "classifier" else parquet_data
+    data = unlabelled_data if kind.startswith("classifier") else parquet_data
     main, straight = command(kind, data, corpus, tmp_path / "straight")
     assert main(straight) == 0
     main, killed = command(kind, data, corpus, tmp_path / "killed")
@@ -97,6 +100,48 @@ def test_kill_and_resume_ends_like_an_uninterrupted_run(kind, parquet_data, unla
     assert all(torch.equal(best_a[k], best_b[k]) for k in best_a)
     assert rows(tmp_path / "killed") == rows(tmp_path / "straight")  # no row lost, doubled or changed
     assert [r["step"] for r in rows(tmp_path / "killed")] == ([0] if kind == "pretrain" else []) + [8, 16, 24]
+    if kind.endswith("+average"):  # steps 6 to 24 averaged, the saved mean the same as without the kill
+        assert [r["averaged_steps"] for r in rows(tmp_path / "killed")] == [3, 11, 19]
+        mean_a = load_tensors(tmp_path / "straight" / LAST / a_state["average_file"])
+        mean_b = load_tensors(tmp_path / "killed" / LAST / b_state["average_file"])
+        assert mean_a.keys() == mean_b.keys() and all(torch.equal(mean_a[k], mean_b[k]) for k in mean_a)
+
+
+def test_the_weight_average_is_what_validates_and_ships(parquet_data, tmp_path):
+    # One validation, at the end: model.safetensors must hold the mean of steps 12-24, not the last weights.
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    assert main([*argv, "--average-from", "0.5", "--eval-every", "24"]) == 0
+    state, last_weights = last_state(tmp_path / "run")
+    mean, best = load_tensors(tmp_path / "run" / LAST / state["average_file"]), load_tensors(tmp_path / "run" / WEIGHTS)
+    assert state["average_count"] == 13 and [r["averaged_steps"] for r in rows(tmp_path / "run")] == [13]
+    assert mean and all(torch.equal(best[k], mean[k]) for k in mean)
+    assert any(not torch.equal(last_weights[k], mean[k]) for k in mean)
+    assert "ngram.weight" not in mean  # the fitted n-gram table does not train here: nothing to average
+
+
+def test_the_weight_average_is_the_running_mean_and_gives_the_weights_back():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    model[1].bias.requires_grad_(False)
+    average, snapshots = WeightAverage(model), []
+    for _ in range(4):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        snapshots.append({k: v.clone() for k, v in model.named_parameters()})
+        average.update()
+    trained = {k: v.clone() for k, v in model.named_parameters()}
+    assert set(average.tensors()) == {"0.weight", "0.bias", "1.weight"}  # the frozen bias is not averaged
+    with average.applied():
+        for name, p in model.named_parameters():
+            expected = trained[name] if name == "1.bias" else torch.stack([s[name] for s in snapshots]).mean(0)
+            torch.testing.assert_close(p, expected, rtol=0, atol=1e-6)
+    assert all(torch.equal(p, trained[k]) for k, p in model.named_parameters())
+    resumed = WeightAverage(model)
+    resumed.load(average.tensors(), average.count)
+    assert resumed.count == 4 and all(torch.equal(resumed.tensors()[k], average.tensors()[k]) for k in trained
+                                      if k != "1.bias")
+    with pytest.raises(ValueError, match="does not fit the model"):
+        WeightAverage(torch.nn.Linear(3, 2)).load(average.tensors(), 4)
 
 
 def test_a_second_writer_is_refused_with_the_first_ones_pid(parquet_data, tmp_path, capsys):

@@ -165,6 +165,10 @@ class RunConfig(RuntimeConfig):
                                       "--max-steps); inverse_sqrt (Noam) needs no end", choices=SCHEDULES)
     weight_decay: float = setting(help="decoupled weight decay (matrices only)", check=non_negative)
     clip: float = setting(1.0, "gradient norm clipping (0 = off)", check=non_negative)
+    average_from: float | None = setting(None, "from this share of training on (steps or time, whichever is "
+                                               "further along), keep the mean of the weights after every step, "
+                                               "and validate and save that mean instead of the last weights "
+                                               "(stochastic weight averaging)", check=fraction)
     grad_accum: int = setting(1, "batches each process trains on per optimizer step, their gradients averaged (a "
                                  "bigger batch in the same memory)", check=positive)
     eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)",

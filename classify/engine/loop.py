@@ -15,6 +15,7 @@ all-reduce) whether any rank was told to stop or ran out of time, and all stop a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import signal
 import time
@@ -31,6 +32,7 @@ from torch import nn
 
 from ..text.batching import BucketBatchSampler
 from . import distributed
+from .average import WeightAverage
 from .config import runtime
 from .device import autocast, grad_scaler, pin_memory, to_device, trim_heap_periodically
 from .optim import budgeted_lr_multiplier, build_optimizer, optimizer_step, set_lr
@@ -127,6 +129,7 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
     console = Console(stderr=True, quiet=quiet or not main)
     model = task.model
     optimizer = build_optimizer(model, config.lr, config.weight_decay, lr_scale=task.lr_scale)
+    average = WeightAverage(model) if config.average_from is not None else None
     scaler = grad_scaler(device, dtype)
     sampler = BucketBatchSampler(task.lengths, batch_size=task.batch_size, max_tokens=task.max_tokens,
                                  seed=config.seed, rank=distributed.rank(), world_size=world, grad_accum=accum,
@@ -144,9 +147,12 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
                              "since_eval": {"steps": 0, "sums": {}}}
     if resuming:
         # Rank 0 restores last/; the weights reach the other ranks when DDP wraps the model below.
-        restored = distributed.on_main(lambda: run.restore(model, optimizer))
+        restored = distributed.on_main(lambda: run.restore(model, optimizer, average))
         if restored is not None:
             distributed.share_optimizer_state(optimizer)
+            if average is not None:  # rank 0's mean on every rank: all of them validate it
+                average.load(*distributed.broadcast_object(
+                    ({k: v.cpu() for k, v in average.tensors().items()}, average.count)))
             state.update({k: restored[k] for k in state if k in restored})
             reshard_epoch(state, layout, task.lengths, config.seed, task.pool_batches)
             console.log(f"resumed from {run.path / LAST} at step {state['step']} (epoch {state['epoch']})")
@@ -167,26 +173,28 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
         state["train_seconds"] = deadline.elapsed
         state["since_eval"] = {"steps": steps_since_eval, "sums": dict(sums)}
         if main:
-            run.save_last(model, optimizer, state)
+            run.save_last(model, optimizer, state, average)
 
     def validate() -> bool:
         """Validate, log, keep the best weights. Returns True when patience ran out."""
         nonlocal sums, steps_since_eval, tokens_since, clock
         started = time.monotonic()
-        metrics = task.validate(model)
+        with average.applied() if average is not None else contextlib.nullcontext():
+            metrics = task.validate(model)
+            improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
+            if improved and main:
+                run.save_best(model)
         epoch = state["epoch"] + state["batch_in_epoch"] / batches_this_epoch
         record = {"step": state["step"], "epoch": round(epoch, 3), **task.train_metrics(sums), **metrics,
                   "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
                   "tokens": state["tokens"], "tokens_per_s": round(tokens_since / max(started - clock, 1e-9), 1),
-                  "validation_s": round(time.monotonic() - started, 1)}
+                  "validation_s": round(time.monotonic() - started, 1),
+                  **({"averaged_steps": average.count} if average is not None else {})}
         if main:
             run.log_metrics(record)
         shown = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()
                           if k.startswith(("train_", "val_")) and v is not None)
         progress.log(f"step {record['step']}: {shown}  {record['tokens_per_s']:.0f} tok/s")
-        improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
-        if improved and main:
-            run.save_best(model)
         model.train()
         sums, steps_since_eval, tokens_since, clock = defaultdict(float), 0, 0, time.monotonic()
         return exhausted
@@ -239,6 +247,9 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
                 state["tokens"] += step_tokens
                 state["step"] += 1
                 state["batch_in_epoch"] = (i + 1) * world
+                # The share of training done, as the schedule counts it: steps or time, whichever is further along.
+                if average is not None and max(state["step"] / total_steps, used or 0.0) >= config.average_from:
+                    average.update()
                 steps_since_eval += 1
                 if interrupted:
                     reason = "interrupted"

@@ -5,10 +5,11 @@ A run folder (Hugging Face style)::
     RUN/
       config.json         {"format_version", "kind", "model": {...}, "train": {...}, "labels": [...]}
       tokenizer.json      Hugging Face tokenizers file
-      model.safetensors   best weights on validation
+      model.safetensors   best weights on validation (of the weight average, with --average-from)
       last/
         model-<step>.safetensors      latest weights
         optimizer-<step>.safetensors  optimizer tensors (flattened state dict)
+        average-<step>.safetensors    the weight average so far (runs with --average-from)
         state.json                    names those files; step, epoch, scheduler, RNG, best metric, ...
       metrics.jsonl       one JSON line per evaluation
       pseudo_labels.json  the class probabilities a teacher gave the unlabelled reviews the run also trains on
@@ -44,6 +45,7 @@ from tokenizers import Tokenizer
 from ..errors import ClassifyError
 from ..text.tokenize import load_tokenizer
 from . import distributed
+from .average import WeightAverage
 from .files import (append_jsonl, load_model_weights, load_tensors, model_state, read_json, read_jsonl, save_tensors,
                     write_json, write_text)
 
@@ -237,27 +239,35 @@ class RunFolder:
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / METRICS)
 
-    def save_last(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def save_last(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                  average: WeightAverage | None = None) -> None:
         """Everything needed to resume, committed by one atomic write of ``last/state.json``.
 
-        Weights and optimizer tensors go to files named after the step; state.json, written
-        last, names them. A kill before that rename leaves the previous state.json pointing
-        at the previous (still present) files; older files are removed only afterwards.
+        Weights, optimizer tensors and the weight average (if the run keeps one) go to files named after
+        the step; state.json, written last, names them. A kill before that rename leaves the previous
+        state.json pointing at the previous (still present) files; older files are removed only afterwards.
         """
         last = self.path / LAST
         tag = f"{int(state['step']):09d}"
-        weights, optim = f"model-{tag}.safetensors", f"optimizer-{tag}.safetensors"
+        names = {"weights_file": f"model-{tag}.safetensors", "optimizer_file": f"optimizer-{tag}.safetensors"}
+        if average is not None:
+            names["average_file"] = f"average-{tag}.safetensors"
         with self._writing(f"{LAST}/"):
-            save_tensors(last / weights, model_state(model))
-            optim_meta = _save_optimizer(last / optim, optimizer)
-            write_json(last / "state.json", {**state, "weights_file": weights, "optimizer_file": optim,
+            save_tensors(last / names["weights_file"], model_state(model))
+            optim_meta = _save_optimizer(last / names["optimizer_file"], optimizer)
+            if average is not None:
+                save_tensors(last / names["average_file"], average.tensors())
+            write_json(last / "state.json", {**state, **names, "average_count": average.count if average else 0,
                                              "optimizer": optim_meta, "rng": _rng_state()})
         for old in last.glob("*.safetensors"):
-            if old.name not in (weights, optim):
+            if old.name not in names.values():
                 old.unlink(missing_ok=True)
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
-        """Load ``last/`` into model, optimizer and the RNG; returns the saved state, or None if there is none.
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                average: WeightAverage | None = None) -> dict[str, Any] | None:
+        """Load ``last/`` into model, optimizer, weight average and the RNG; returns the saved state, or None if
+        there is none. A run that kept no average (an older one, or one without ``--average-from`` then) resumes
+        with an empty ``average``.
 
         Evaluations logged after the saved step will be redone, so metrics.jsonl loses them here:
         a kill between a validation and the next save never leaves a row twice.
@@ -268,6 +278,8 @@ class RunFolder:
         state = read_json(last / "state.json", "resume state")
         load_model_weights(model, last / state["weights_file"])
         _load_optimizer(last / state["optimizer_file"], optimizer, state["optimizer"])
+        if average is not None and state.get("average_count"):
+            average.load(load_tensors(last / state["average_file"], "weight average"), state["average_count"])
         _set_rng_state(state["rng"])
         kept = [r for r in self.metrics() if r["step"] <= state["step"]]
         with self._writing(METRICS):

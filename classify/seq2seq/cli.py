@@ -65,8 +65,8 @@ def add_train_parser(sub) -> None:
     g.add_argument("--layers", type=int, action=_BothLayers, default=argparse.SUPPRESS,
                    help="old spelling, kept for one release: sets --num-encoder-layers and --num-decoder-layers")
     add_flags(p.add_argument_group("optimisation"), Seq2SeqTrainConfig,
-              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "max_tokens",
-               "grad_accum", "label_smoothing", "eval_every", "patience"])
+              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
+               "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
     g = p.add_argument_group("run")
     add_flags(g, Seq2SeqTrainConfig, ["seed", "device", "precision", "threads", "best_by", "save_every", "num_workers"])
     add_run_folder_args(g)
