@@ -20,7 +20,7 @@ import torch
 from .engine.device import autocast, to_device
 from .errors import ClassifyError
 from .models import BranchLogits, Classifier
-from .text.batching import PAD_MULTIPLE, BucketBatchSampler, pad_batch
+from .text.batching import BucketBatchSampler, pad_batch
 from .text.prepare import TokenIds
 
 class Backend(Protocol):
@@ -44,39 +44,22 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, model: Classifier, device: torch.device, dtype: torch.dtype | None, compile: bool = False):
+    def __init__(self, model: Classifier, device: torch.device, dtype: torch.dtype | None):
         self.model, self.device, self.dtype = model.eval(), device, dtype
         config = model.config
         self.pad_id, self.num_classes, self.max_len = config.pad_id, config.num_classes, config.max_len
         self.parameters = sum(p.numel() for p in model.parameters())
-        # ``compile``: ``logits`` runs the forward as generated kernels; batch size and padded length vary, so the
-        # shapes are dynamic. The branches and gradients (training, explanations) stay on the eager model.
-        self.compiled = compile
-        self._forward = torch.compile(model, dynamic=True) if compile else model
-        if compile:
-            self._warm_up()
 
     @property
     def runtime(self) -> dict:
         return {"backend": self.name, "device": str(self.device),
                 "precision": str(self.dtype).removeprefix("torch.") if self.dtype else "fp32",
-                "threads": torch.get_num_threads(), "compiled": self.compiled,
+                "threads": torch.get_num_threads(),
                 # on a CPU, how the idle OpenMP threads wait (None: libgomp's default, spin a while, then sleep)
                 **({"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") or None} if self.device.type == "cpu" else {})}
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
-        return self._run(self._forward, tokens).float().cpu().numpy()
-
-    def _warm_up(self) -> None:
-        """Compile now rather than in someone's first request: a batch of one text, which PyTorch compiles apart
-        (it specialises sizes of 1), and one of two; later batches of any size and length reuse the second."""
-        try:
-            for size in (1, 2):
-                self.logits(np.full((size, min(PAD_MULTIPLE * size, self.max_len)), self.pad_id + 1, dtype=np.int64))
-        except Exception as err:  # noqa: BLE001 - inductor and its C++ compiler fail in many types; all mean the same
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            raise ClassifyError(f"--compile failed ({type(err).__name__}: {first[:300]}); "
-                                f"run without --compile") from None
+        return self._run(self.model, tokens).float().cpu().numpy()
 
     def transformer(self, tokens: np.ndarray) -> np.ndarray:
         """tokens (B, T) -> the transformer branch's logits alone (B, C), the n-gram branch not computed."""

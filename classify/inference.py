@@ -91,18 +91,16 @@ def _read(path: Path, kind: str) -> tuple[dict, ClassifierConfig, list[str], Pre
     return config, model_config, list(labels), preprocessing
 
 
-def load_run(path: str | Path, device: torch.device, dtype: torch.dtype | None = None,
-             compile: bool = False) -> LoadedRun:
-    """A run folder (``config.json``, ``tokenizer.json``, ``model.safetensors``) on PyTorch (``compile``: compiled
-    and warmed up, ``TorchBackend``); every way these can be missing, corrupt or mutually inconsistent is a
-    ClassifyError with one clear line."""
+def load_run(path: str | Path, device: torch.device, dtype: torch.dtype | None = None) -> LoadedRun:
+    """A run folder (``config.json``, ``tokenizer.json``, ``model.safetensors``) on PyTorch; every way these can
+    be missing, corrupt or mutually inconsistent is a ClassifyError with one clear line."""
     path = Path(path)
     config, model_config, labels, preprocessing = _read(path, KIND)
     model = Classifier(model_config)
     load_model_weights(model, path / WEIGHTS)
     if model.ngram is not None:
         model.ngram.compact()   # a quarter of the table's memory; nothing here fits or saves it
-    backend = TorchBackend(model.to(device), device, dtype, compile)
+    backend = TorchBackend(model.to(device), device, dtype)
     return LoadedRun(path, config, labels, preprocessing, backend)
 
 
@@ -128,8 +126,6 @@ def open_run(model: str | None, settings: InferenceConfig | Namespace, console: 
         if settings.device not in ("auto", "cpu") or settings.precision not in ("auto", "fp32"):
             raise ClassifyError("--backend onnx runs the exported model (fp32, or int8 weights if exported with "
                                 "--int8) on the CPU; --device and --precision are for --backend torch")
-        if settings.compile:
-            raise ClassifyError("--compile compiles the PyTorch model: use it with --backend torch")
         if settings.threads is not None and settings.threads < 1:
             raise ClassifyError(f"--threads must be at least 1, got {settings.threads}")
     kind, weights = (EXPORT_KIND, ONNX_MODEL) if onnx else (KIND, WEIGHTS)
@@ -143,16 +139,13 @@ def open_run(model: str | None, settings: InferenceConfig | Namespace, console: 
         run = load_export(path, settings.threads)
     else:
         device, dtype = runtime(settings)
-        if settings.compile:
-            console.print("compiling the model (torch.compile; about a minute) ...")
-        run = load_run(path, device, dtype, settings.compile)
+        run = load_run(path, device, dtype)
     if settings.spelling is not None:
         run.preprocessing = replace(run.preprocessing, spelling=settings.spelling)
     how = "" if model is not None else f" (the newest under {RUNS_DIR}/; choose another with --model)"
     r = run.backend.runtime
     console.print(f"model: {escape(str(path))}{how}, {'ONNX Runtime' if onnx else 'PyTorch'} on {r['device']}, "
                   f"{'autocast ' if not onnx and r['precision'] != 'fp32' else ''}{r['precision']}"
-                  + (", compiled" if r.get("compiled") else "")
                   + (f", {settings.threads} threads" if onnx and settings.threads else ""))
     return run
 

@@ -59,7 +59,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imdb" / "test.p
 # Batching on (the server's defaults), on without the wait for company (a batch is whatever queued while the
 # previous one ran), and off (one request at a time).
 MODES = {"on": [], "on-nowait": ["--max-delay-ms", "0"], "off": ["--max-batch", "1"]}
-STARTUP_SECONDS = 300   # loading, and with --compile, compiling the model
+STARTUP_SECONDS = 120
 
 
 @contextmanager
@@ -263,12 +263,12 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
 
 
 def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str, limits: dict,
-                workers: int = 1, seconds: float = 10.0, backend: str = "torch", compile: bool = False, *,
+                workers: int = 1, seconds: float = 10.0, backend: str = "torch", *,
                 wait_policy: str | None) -> dict:
     """Reviews/s of the model alone (no HTTP) on batches of ``sizes`` texts, through ``inference.classify_texts``
     with the server's batching settings, as a server worker calls it: in ``workers`` processes at once (as many as
-    the server ran, each with its backend, threads, precision and compilation and its share of the batches), each
-    going round its batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s.
+    the server ran, each with its backend, threads and precision and its share of the batches), each going round its
+    batches for ``seconds`` after a warm-up, all started together. The sum of their reviews/s.
 
     ``wait_policy``: the processes' ``OMP_WAIT_POLICY`` (how PyTorch's idle threads wait; libgomp reads it when
     a process starts); None: unset, libgomp's default."""
@@ -278,8 +278,8 @@ def model_alone(model: str, reviews: list[str], sizes: list[int], threads: int, 
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
     processes = [ctx.Process(target=_model_alone_process, args=(model, reviews, sizes[k::workers] or sizes, threads,
-                                                                precision, backend, compile, limits, seconds,
-                                                                barrier, results))
+                                                                precision, backend, limits, seconds, barrier,
+                                                                results))
                  for k in range(workers)]
     with _environment("OMP_WAIT_POLICY", wait_policy):   # spawned processes copy the environment as they start
         for process in processes:
@@ -316,7 +316,7 @@ def _environment(name: str, value: str | None) -> Iterator[None]:
 
 
 def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threads: int, precision: str,
-                         backend: str, compile: bool, limits: dict, seconds: float, barrier, results) -> None:
+                         backend: str, limits: dict, seconds: float, barrier, results) -> None:
     """One process of ``model_alone``: load, warm up, wait for the others, then run for ``seconds``."""
     import torch
 
@@ -324,9 +324,8 @@ def _model_alone_process(model: str, reviews: list[str], sizes: list[int], threa
 
     from classify.inference import classify_texts, open_run
 
-    # The server's backend, threads, precision and compilation, as its worker opens the model.
-    settings = argparse.Namespace(backend=backend, device="cpu", precision=precision, threads=threads,
-                                  compile=compile, spelling=None)
+    # The server's backend, threads and precision, as its worker opens the model.
+    settings = argparse.Namespace(backend=backend, device="cpu", precision=precision, threads=threads, spelling=None)
     run = open_run(model, settings, Console(quiet=True))
     starts = np.cumsum([0, *sizes])
 
@@ -359,7 +358,7 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
     default): its capacity closed-loop, then each fraction of it open-loop; then, with the server stopped, the model
     alone on the batch sizes the server ran at capacity. Also what the server says of its model."""
     flags = [x for name, value in server.items() if value is not None
-             for x in (f"--{name.replace('_', '-')}", f"{value:g}")] + (["--compile"] if args.compile else [])
+             for x in (f"--{name.replace('_', '-')}", f"{value:g}")]
     workers = server["workers"]
     with serve_process(args.model, *flags, "--backend", args.backend, "--precision", args.precision,
                        "--log-level", "warning") as url:
@@ -381,7 +380,7 @@ def run_open_loop(args: argparse.Namespace, server: dict, reviews: list[str]) ->
     sizes = [size for r in rounds for size in r["recent_batches"]]
     reference = functools.partial(model_alone, args.model, reviews, sizes, server["threads"], args.precision,
                                   info["runtime"]["limits"], workers, seconds=min(10.0, args.seconds),
-                                  backend=args.backend, compile=args.compile)
+                                  backend=args.backend)
     alone = reference(wait_policy=os.environ.get("OMP_WAIT_POLICY"))   # as this process's environment has it
     result = {"server": " ".join(flags), "backend": args.backend, "threads": server["threads"], "workers": workers,
               "max_delay_ms": info["runtime"]["limits"]["max_delay_ms"], "capacity": capacity, "open_loop": levels,
@@ -539,8 +538,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's --workers, each in turn (the model-alone reference then runs as many "
                         "processes at once)")
     g.add_argument("--precision", default="auto", help="the server's --precision (and the model-alone reference's)")
-    g.add_argument("--compile", action="store_true",
-                   help="the server's --compile (and the model-alone reference's): the PyTorch model compiled")
     g.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="the server's --backend (and the model-alone reference's); with onnx, --model is a folder "
                         "written by classify.export")

@@ -143,9 +143,6 @@ class InferenceConfig(RuntimeConfig):
     backend: str = setting("torch", "torch: a run folder on PyTorch; onnx: a folder written by classify.export, on "
                                     "ONNX Runtime's CPU provider (--threads threads; --device and --precision are "
                                     "PyTorch's)", choices=("torch", "onnx"))
-    compile: bool = setting(False, "--backend torch: compile the model (torch.compile with dynamic shapes; needs a "
-                                   "C++ compiler) before it answers. Faster batches on a CPU, after a warm-up at "
-                                   "start of about a minute (docs/serving.md)")
     spelling: bool | None = setting(None, "read an unknown word one typing slip from a known one as that word "
                                           "(classify.text.spelling); unset: as the run's config.json says (on for "
                                           "runs trained since the setting exists, off for older ones)")
