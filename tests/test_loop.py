@@ -16,7 +16,7 @@ import classify.engine.loop as loop
 from classify.engine.average import WeightAverage
 from classify.engine.files import load_tensors, read_json
 from classify.engine.runfolder import LAST, LOCK, METRICS, WEIGHTS, RunFolder
-from classify.errors import run_cli
+from classify.errors import ClassifyError, run_cli
 from classify.pretrain import main as pretrain_main
 from classify.seq2seq.cli import main as seq2seq_main
 import classify.train as train
@@ -140,7 +140,7 @@ def test_the_weight_average_is_the_running_mean_and_gives_the_weights_back():
     resumed.load(average.tensors(), average.count)
     assert resumed.count == 4 and all(torch.equal(resumed.tensors()[k], average.tensors()[k]) for k in trained
                                       if k != "1.bias")
-    with pytest.raises(ValueError, match="does not fit the model"):
+    with pytest.raises(ClassifyError, match="does not fit the model"):
         WeightAverage(torch.nn.Linear(3, 2)).load(average.tensors(), 4)
 
 

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from ..errors import ClassifyError
+
 
 class WeightAverage:
     """The running mean of ``model``'s trainable floating-point parameters, one term per ``update()``.
@@ -63,7 +65,8 @@ class WeightAverage:
     def load(self, tensors: dict[str, torch.Tensor], count: int) -> None:
         """Continue the mean ``tensors`` of ``count`` terms (from ``tensors()``, e.g. of a resumed run)."""
         if count and tensors.keys() != self.params.keys():
-            missing = sorted(self.params.keys() ^ tensors.keys())[:3]
-            raise ValueError(f"the saved weight average does not fit the model (e.g. {', '.join(missing)})")
+            differ = sorted(self.params.keys() ^ tensors.keys())[:3]
+            raise ClassifyError(f"the weight average in last/ does not fit the model (e.g. {', '.join(differ)}): "
+                                f"start afresh with --overwrite")
         self.mean = {name: t.float().to(self.params[name].device) for name, t in tensors.items()} if count else {}
         self.count = count
