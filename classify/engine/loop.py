@@ -175,15 +175,16 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
         if main:
             run.save_last(model, optimizer, state, average)
 
+    def averaged() -> contextlib.AbstractContextManager:
+        """Within the block the model holds the weight average, if the run keeps one: what is validated and kept."""
+        return average.applied() if average is not None else contextlib.nullcontext()
+
     def validate() -> bool:
         """Validate, log, keep the best weights. Returns True when patience ran out."""
         nonlocal sums, steps_since_eval, tokens_since, clock
         started = time.monotonic()
-        with average.applied() if average is not None else contextlib.nullcontext():
+        with averaged():
             metrics = task.validate(model)
-            improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
-            if improved and main:
-                run.save_best(model)
         epoch = state["epoch"] + state["batch_in_epoch"] / batches_this_epoch
         record = {"step": state["step"], "epoch": round(epoch, 3), **task.train_metrics(sums), **metrics,
                   "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
@@ -195,6 +196,10 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
         shown = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()
                           if k.startswith(("train_", "val_")) and v is not None)
         progress.log(f"step {record['step']}: {shown}  {record['tokens_per_s']:.0f} tok/s")
+        improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
+        if improved and main:
+            with averaged():   # after the record: a reader knows the weights are in once they are newer than it
+                run.save_best(model)
         model.train()
         sums, steps_since_eval, tokens_since, clock = defaultdict(float), 0, 0, time.monotonic()
         return exhausted
