@@ -130,18 +130,18 @@ def test_the_weight_average_is_the_running_mean_and_gives_the_weights_back():
         snapshots.append({k: v.clone() for k, v in model.named_parameters()})
         average.update()
     trained = {k: v.clone() for k, v in model.named_parameters()}
-    assert set(average.tensors()) == {"0.weight", "0.bias", "1.weight"}  # the frozen bias is not averaged
+    assert set(average.mean) == {"0.weight", "0.bias", "1.weight"}  # the frozen bias is not averaged
     with average.applied():
         for name, p in model.named_parameters():
             expected = trained[name] if name == "1.bias" else torch.stack([s[name] for s in snapshots]).mean(0)
             torch.testing.assert_close(p, expected, rtol=0, atol=1e-6)
     assert all(torch.equal(p, trained[k]) for k, p in model.named_parameters())
     resumed = WeightAverage(model)
-    resumed.load(average.tensors(), average.count)
-    assert resumed.count == 4 and all(torch.equal(resumed.tensors()[k], average.tensors()[k]) for k in trained
+    resumed.load(average.mean, average.count)
+    assert resumed.count == 4 and all(torch.equal(resumed.mean[k], average.mean[k]) for k in trained
                                       if k != "1.bias")
     with pytest.raises(ClassifyError, match="does not fit the model"):
-        WeightAverage(torch.nn.Linear(3, 2)).load(average.tensors(), 4)
+        WeightAverage(torch.nn.Linear(3, 2)).load(average.mean, 4)
 
 
 def test_a_second_writer_is_refused_with_the_first_ones_pid(parquet_data, tmp_path, capsys):

@@ -27,7 +27,7 @@ class WeightAverage:
     def __init__(self, model: nn.Module):
         self.params = {name: p for name, p in model.named_parameters()
                        if p.requires_grad and p.is_floating_point()}
-        self.mean: dict[str, torch.Tensor] = {}
+        self.mean: dict[str, torch.Tensor] = {}   # by parameter name, empty before the first term: what last/ keeps
         self.count = 0
 
     @torch.no_grad()
@@ -58,12 +58,8 @@ class WeightAverage:
         for name, p in self.params.items():
             p.copy_(tensors[name])
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """The mean, by parameter name (empty before the first term): what ``last/`` keeps."""
-        return self.mean
-
     def load(self, tensors: dict[str, torch.Tensor], count: int) -> None:
-        """Continue the mean ``tensors`` of ``count`` terms (from ``tensors()``, e.g. of a resumed run)."""
+        """Continue the mean ``tensors`` of ``count`` terms (``mean`` as saved, e.g. of a resumed run)."""
         if count and tensors.keys() != self.params.keys():
             differ = sorted(self.params.keys() ^ tensors.keys())[:3]
             raise ClassifyError(f"the weight average in last/ does not fit the model (e.g. {', '.join(differ)}): "

@@ -150,9 +150,9 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
         restored = distributed.on_main(lambda: run.restore(model, optimizer, average))
         if restored is not None:
             distributed.share_optimizer_state(optimizer)
-            if average is not None:  # rank 0's mean on every rank: all of them validate it
-                average.load(*distributed.broadcast_object(
-                    ({k: v.cpu() for k, v in average.tensors().items()}, average.count)))
+            if average is not None and distributed.world_size() > 1:  # rank 0's mean on every rank: all validate it
+                average.load(*distributed.broadcast_object(({k: v.cpu() for k, v in average.mean.items()},
+                                                            average.count)))
             state.update({k: restored[k] for k in state if k in restored})
             reshard_epoch(state, layout, task.lengths, config.seed, task.pool_batches)
             console.log(f"resumed from {run.path / LAST} at step {state['step']} (epoch {state['epoch']})")

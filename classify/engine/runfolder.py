@@ -256,7 +256,7 @@ class RunFolder:
             save_tensors(last / names["weights_file"], model_state(model))
             optim_meta = _save_optimizer(last / names["optimizer_file"], optimizer)
             if average is not None:
-                save_tensors(last / names["average_file"], average.tensors())
+                save_tensors(last / names["average_file"], average.mean)
             write_json(last / "state.json", {**state, **names, "average_count": average.count if average else 0,
                                              "optimizer": optim_meta, "rng": _rng_state()})
         for old in last.glob("*.safetensors"):
