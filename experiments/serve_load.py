@@ -8,7 +8,7 @@ server's defaults), on with --max-delay-ms 0 (no wait for company), and off (--m
 at a time). For each number of concurrent clients, that many async aiohttp clients send single real IMDB
 test reviews (a seeded sample, the same for all) until ``--requests`` (at least 3 per client) are
 answered, in ``--rounds`` rounds that alternate between the servers, so that a shared machine's
-changing load falls on all alike. Reported per level: requests/s, p50/p99 latency, failures (any non-200 answer or transport error) and the mean
+changing load falls on all alike. Reported per level: requests/s, p50/p99 latency, failures (any non-200 answer or transport error, counted by status or error) and the mean
 number of texts per worker batch, and the load generator's own CPU per request (it shares the
 machine with the servers); and, as a reference, the model's arithmetic alone in milliseconds
 per review, one at a time and batched. Every loop is bounded; the servers are stopped at the end.
@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -110,6 +111,11 @@ async def post_review(http, url: str, text: str) -> str | None:
             return None if r.status == 200 else f"{r.status}: {body[:200].decode(errors='replace')}"
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         return f"{type(err).__name__}: {err}"
+
+
+def failure_kinds(failures: list[str]) -> dict[str, int]:
+    """How many failures of each kind: the HTTP status ("503": the server shed load) or the transport error's name."""
+    return dict(Counter(f.split(":", 1)[0] for f in failures))
 
 
 async def batch_stats(http, url: str, workers: int = 1) -> dict[int, dict]:
@@ -189,7 +195,7 @@ def summary(clients: int, rounds: list[dict]) -> dict:
     failures = [f for r in rounds for f in r["failures"]]
     seconds = sum(r["seconds"] for r in rounds)
     return {"clients": clients, "requests": len(ms), "rounds": len(rounds), "failures": len(failures),
-            "failure_examples": failures[:3], "seconds": round(seconds, 2),
+            "failure_kinds": failure_kinds(failures), "failure_examples": failures[:3], "seconds": round(seconds, 2),
             "requests_per_s": round(len(ms) / seconds, 1),
             "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
             "client_cpu_ms": round(sum(r["client_cpu"] for r in rounds) / len(ms) * 1000, 2),
@@ -255,7 +261,7 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
         ran = batches_between(before, await batch_stats(http, url, workers))
     ms = np.array(latencies) * 1000
     return {"target_per_s": round(rate, 1), "offered_per_s": round(len(due) / due[-1], 1), "requests": len(ms),
-            "failures": len(failures),
+            "failures": len(failures), "failure_kinds": failure_kinds(failures),
             "failure_examples": failures[:3], "served_per_s": round((len(ms) - len(failures)) / wall, 1),
             **{f"p{q}_ms": round(float(np.percentile(ms, q)), 1) for q in (50, 95, 99)},
             "max_send_late_ms": round(max(late) * 1000, 1), "client_cpu_ms": round(cpu / len(ms) * 1000, 2),

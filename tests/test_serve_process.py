@@ -138,7 +138,10 @@ def test_open_loop_load_test_records_capacity_levels_and_efficiency(trained_run,
     assert run["capacity"]["failures"] == 0 and run["capacity"]["requests_per_s"] > 0
     assert [lv["fraction"] for lv in run["open_loop"]] == [0.5, 0.8]
     for level in run["open_loop"]:
-        assert level["failures"] == 0 and level["requests"] >= 1 and level["p50_ms"] <= level["p99_ms"]
+        # A one-second level on a shared machine can meet a stall of the load generator; the burst that follows
+        # may fill the server's queue, which then sheds load with 503s. Anything else is a wrong request.
+        assert set(level["failure_kinds"]) <= {"503"} and sum(level["failure_kinds"].values()) == level["failures"]
+        assert level["requests"] >= 1 and level["served_per_s"] > 0 and level["p50_ms"] <= level["p99_ms"]
         assert level["target_per_s"] == pytest.approx(level["fraction"] * run["capacity"]["requests_per_s"], abs=0.1)
     assert run["model_alone"]["precision"] == "fp32" and run["model_alone"]["reviews_per_s"] > 0
     assert run["efficiency"] == pytest.approx(run["capacity"]["requests_per_s"] / run["model_alone"]["reviews_per_s"],
@@ -160,7 +163,8 @@ def test_open_loop_load_test_drives_an_onnx_server_and_its_model_alone(int8_expo
                       "--threads", "1", "--open-loop", "0.5", "--seconds", "1", "--requests", "16", "--rounds", "1",
                       "--capacity-clients", "4", "--backend", "onnx", "--output", str(out)]) == 0
     run = json.loads(out.with_suffix(".json").read_text())["runs"]["--threads 1 --workers 1"]
-    assert run["capacity"]["failures"] == 0 and run["open_loop"][0]["failures"] == 0
+    assert run["capacity"]["failures"] == 0 and set(run["open_loop"][0]["failure_kinds"]) <= {"503"}
+    assert run["open_loop"][0]["served_per_s"] > 0
     assert run["model_alone"]["reviews_per_s"] > 0 and run["model_alone"]["precision"] == "int8"
     assert "model_alone_as_served" not in run   # ONNX Runtime's threads are its own: no OpenMP policy to compare
 
