@@ -442,7 +442,7 @@ def markdown(result: dict) -> str:
     for threads, modes in result["runs"].items():
         for mode, levels in modes.items():
             lines += [f"| {threads} | {mode} | {lv['clients']} | {lv['requests_per_s']} | {lv['p50_ms']} | "
-                      f"{lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} | {lv['client_cpu_ms']} |"
+                      f"{lv['p99_ms']} | {_failures(lv)} | {lv['mean_batch']} | {lv['client_cpu_ms']} |"
                       for lv in levels]
     lines.append("")
     for threads, modes in result["runs"].items():
@@ -484,10 +484,16 @@ def open_loop_markdown(result: dict) -> str:
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {lv['fraction']:.0%} | {lv['target_per_s']} | {lv['offered_per_s']} | {lv['served_per_s']} | "
                   f"{lv['requests']} | "
-                  f"{lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {lv['failures']} | {lv['mean_batch']} | "
+                  f"{lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {_failures(lv)} | {lv['mean_batch']} | "
                   f"{lv['max_send_late_ms']} | {lv['client_cpu_ms']} |" for lv in r["open_loop"]]
         lines.append("")
     return "\n".join(lines)
+
+
+def _failures(level: dict) -> str:
+    """A level's failures for a table cell, with their kinds: "0", or e.g. "143 (503: 143)"."""
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in level["failure_kinds"].items())
+    return f"{level['failures']} ({kinds})" if kinds else "0"
 
 
 def _policy(alone: dict, backend: str) -> str:

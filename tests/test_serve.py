@@ -338,18 +338,19 @@ def test_batcher_window_opens_under_load_and_waits_no_longer_than_the_delay():
         alone = await timed(batcher, ["a"])           # no load before: runs at once, no window
         await batcher.predict(["b", "c"])             # a batch with company: the window opens
         first = asyncio.ensure_future(timed(batcher, ["d"]))
-        await asyncio.sleep(0.05)                     # inside the 0.3 s window: joins the first request's batch
+        await asyncio.sleep(0.05)                     # inside the 1 s window: joins the first request's batch
         second = asyncio.ensure_future(batcher.predict(["e"]))
         waited, _ = await asyncio.gather(first, second)
         return alone, waited
 
-    batcher = MicroBatcher(model, max_batch=8, max_delay=0.3)
+    # A long window, so that a stall of a shared CI machine (up to most of a second) changes nothing.
+    batcher = MicroBatcher(model, max_batch=8, max_delay=1.0)
     batcher.start()
     try:
         alone, waited = asyncio.run(main(batcher))
     finally:
         batcher.stop()
-    assert batches == [1, 2, 2] and alone < 0.2 and 0.25 < waited < 2
+    assert batches == [1, 2, 2] and alone < 0.5 and 0.9 < waited < 3
 
 
 def test_batcher_runs_calls_alone_and_survives_a_failing_batch():
