@@ -11,7 +11,8 @@ answered, in ``--rounds`` rounds that alternate between the servers, so that a s
 changing load falls on all alike. Reported per level: requests/s, p50/p99 latency, failures (any non-200
 answer or transport error, counted by status or error) and the mean number of texts per worker batch, and
 the load generator's own CPU per request (it shares the machine with the servers); and, as a reference,
-the model's arithmetic alone in milliseconds per review, one at a time and batched. Every loop is bounded; the servers are stopped at the end.
+the model's arithmetic alone in milliseconds per review, one at a time and batched. Every loop is bounded;
+the servers are stopped at the end.
 
 With ``--open-loop 0.5 0.8 0.95`` it runs the open-loop test instead, as real users load a server: one
 server (batching on) per --threads; its capacity is measured closed-loop (--capacity-clients clients,
