@@ -183,22 +183,21 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
         """Validate, log, keep the best weights. Returns True when patience ran out."""
         nonlocal sums, steps_since_eval, tokens_since, clock
         started = time.monotonic()
-        with averaged():
+        with averaged():   # one swap: the mean is validated and, if best, saved
             metrics = task.validate(model)
-        epoch = state["epoch"] + state["batch_in_epoch"] / batches_this_epoch
-        record = {"step": state["step"], "epoch": round(epoch, 3), **task.train_metrics(sums), **metrics,
-                  "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
-                  "tokens": state["tokens"], "tokens_per_s": round(tokens_since / max(started - clock, 1e-9), 1),
-                  "validation_s": round(time.monotonic() - started, 1),
-                  **({"averaged_steps": average.count} if average is not None else {})}
-        if main:
-            run.log_metrics(record)
-        shown = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()
-                          if k.startswith(("train_", "val_")) and v is not None)
-        progress.log(f"step {record['step']}: {shown}  {record['tokens_per_s']:.0f} tok/s")
-        improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
-        if improved and main:
-            with averaged():   # after the record: a reader knows the weights are in once they are newer than it
+            epoch = state["epoch"] + state["batch_in_epoch"] / batches_this_epoch
+            record = {"step": state["step"], "epoch": round(epoch, 3), **task.train_metrics(sums), **metrics,
+                      "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(deadline.elapsed, 1),
+                      "tokens": state["tokens"], "tokens_per_s": round(tokens_since / max(started - clock, 1e-9), 1),
+                      "validation_s": round(time.monotonic() - started, 1),
+                      **({"averaged_steps": average.count} if average is not None else {})}
+            if main:
+                run.log_metrics(record)
+            shown = "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()
+                              if k.startswith(("train_", "val_")) and v is not None)
+            progress.log(f"step {record['step']}: {shown}  {record['tokens_per_s']:.0f} tok/s")
+            improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
+            if improved and main:   # after the record: a reader knows the weights are in once they are newer than it
                 run.save_best(model)
         model.train()
         sums, steps_since_eval, tokens_since, clock = defaultdict(float), 0, 0, time.monotonic()
