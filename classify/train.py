@@ -19,7 +19,7 @@ import time
 from dataclasses import MISSING, dataclass
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, defaul
 from .text.edits import Lexicon, contrast_joins, negation_pairs
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
-from .text.windows import SENTENCE_ENDS, closing_sentences
+from .text.windows import SENTENCE_ENDS, closing_passage, closing_sentence, closing_sentences
 
 
 @dataclass(kw_only=True)
@@ -111,6 +111,10 @@ class TrainConfig(ReviewRunConfig):
     short_texts: bool = setting(True, "also train on the closing sentence of every training review, with its review's "
                                       "target, and validate on those of the validation reviews: the mix and the "
                                       "checkpoint are chosen on whole reviews and short texts alike (text.windows)")
+    closing_passages: bool = setting(False, "also train the transformer on the closing passage of every training "
+                                            "review (its last three sentences, at most 96 tokens: the length of a "
+                                            "short real review), with its review's target; a training text only, "
+                                            "not validated on (text.windows)")
     counterfactual: str | None = setting(None, "counterfactual pairs to train on too (a folder with train.parquet, e.g. "
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
@@ -144,9 +148,9 @@ class TrainConfig(ReviewRunConfig):
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "pseudo_labels", "soft_labels",
-                                           "ngram_refit", "short_texts", "negation_edits", "negation_edit_weight",
-                                           "teacher_edit_weight", "contrast_joins", "counterfactual",
-                                           "counterfactual_repeat", "contrast_join_repeat")
+                                           "ngram_refit", "short_texts", "closing_passages", "negation_edits",
+                                           "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                                           "counterfactual", "counterfactual_repeat", "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -171,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "negation_edits",
-                               "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                               "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "closing_passages",
+                               "negation_edits", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                "contrast_join_repeat"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
@@ -478,13 +482,15 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
     return np.concatenate([np.eye(given.shape[1], dtype=np.float32)[labels], given.astype(np.float32)])
 
 
-def with_closing_sentences(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
-                           ends: set[int]) -> tuple[list[TokenIds], list[int] | np.ndarray]:
-    """The training examples plus the closing sentence of each of ``rows``, with that review's target."""
-    shorts = closing_sentences([ids[i] for i in rows], ends)
+def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
+                 cut: Callable[[TokenIds], TokenIds | None]) -> tuple[list[TokenIds], list[int] | np.ndarray, int]:
+    """The training examples plus ``cut`` of each of ``rows`` (a window of that review, or None for none), with
+    that review's target; and how many windows were added."""
+    cuts = [(i, cut(ids[i])) for i in rows]
+    rows, windows = [i for i, w in cuts if w is not None], [w for _, w in cuts if w is not None]
     if isinstance(targets, np.ndarray):
-        return ids + shorts, np.concatenate([targets, targets[rows]])
-    return ids + shorts, targets + [targets[i] for i in rows]
+        return ids + windows, np.concatenate([targets, targets[rows]]), len(windows)
+    return ids + windows, targets + [targets[i] for i in rows], len(windows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,8 +538,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids   # as written: no --spelling
     train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
     edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
-    ends = set(token_ids(tokenizer, SENTENCE_ENDS)) if config.short_texts else None
-    validation = Validation.build(val_ids, val_set.labels, ends,
+    ends = set(token_ids(tokenizer, SENTENCE_ENDS))
+    validation = Validation.build(val_ids, val_set.labels, ends if config.short_texts else None,
                                   {name: (encode(texts.texts), texts.labels) for name, texts in val_made.items()})
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}"
                 + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
@@ -570,9 +576,12 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     ids = [x for part, _, times in labelled_parts for x in part * times] + unlabelled_ids[: len(given)]
     targets = training_targets([y for _, labels, times in labelled_parts for y in labels * times], given,
                                config.soft_labels)
-    if ends is not None:
-        reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
-        ids, targets = with_closing_sentences(ids, targets, reviews, ends)
+    reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
+    added = {}   # windows cut from the labelled and pseudo-labelled reviews: how many of each
+    for name, cut, wanted in (("closing sentences", closing_sentence, config.short_texts),
+                              ("closing passages", closing_passage, config.closing_passages)):
+        if wanted:
+            ids, targets, added[name] = with_windows(ids, targets, reviews, partial(cut, ends=ends))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    if counterfactual_ids else "")
@@ -580,7 +589,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
-                + (f" and {len(train_ids) + len(given)} closing sentences" if ends is not None else "")
+                + "".join(f", {n} {name}" for name, n in added.items())
                 + f"; peak memory {peak_memory()}")
     task = ClassificationTask(model, ids, targets, validation, config, device, dtype)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)

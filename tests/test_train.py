@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_MODEL_ARGS, write_csv, write_jsonl
+from conftest import TINY_MODEL_ARGS, synthetic_reviews, write_csv, write_jsonl
 from safetensors.torch import load_file
 
 import classify.engine.files as files
@@ -25,7 +25,8 @@ from classify.text.batching import Collate
 from classify.text.counterfactual import load_pairs
 from classify.text.data import normalize, training_split
 from classify.text.edits import Lexicon, contrast_joins, negation_pairs
-from classify.text.windows import closing_sentence
+from classify.text.tokenize import token_ids
+from classify.text.windows import SENTENCE_ENDS, closing_passage, closing_sentence
 from classify.train import ClassificationTask, TrainConfig, Validation, main, training_targets
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
@@ -342,6 +343,28 @@ def test_counterfactual_pairs_train_both_branches_and_validation_reads_short_tex
     assert held_out["count"] == 80 + 80   # the n-gram branch's held-out logits: reviews and closing sentences
 
 
+def test_closing_passages_are_training_texts_only(tmp_path):
+    # Reviews of one to four sentences of 8 words (the fixture's are one long sentence each, and --max-len is 64),
+    # so some have a passage and some do not.
+    rows = synthetic_reviews(600, seed=3)
+    sentences = {label: [" ".join(t.split()[:8]) + "." for t, y in rows if y == label] for label in (0, 1)}
+    reviews = [(" ".join(sentences[i % 2][i % 290: i % 290 + 1 + i % 4]), i % 2) for i in range(300)]
+    data = write_csv(tmp_path / "reviews.csv", reviews)
+    out = tmp_path / "run"
+    assert main(["--data", str(data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 "--no-negation-edits", "--no-contrast-joins", "--closing-passages", *TINY_MODEL_ARGS,
+                 "--val-size", "60"]) == 0
+    train, _ = training_split(str(data), 60, 0)
+    run = load_run(out, torch.device("cpu"))
+    ends = set(token_ids(run.preprocessing.tokenizer, SENTENCE_ENDS))
+    passages = sum(closing_passage(ids, ends) is not None for ids in run.preprocessing.ids(train.texts))
+    assert 0 < passages < len(train) and json.loads((out / "config.json").read_text())["train"]["closing_passages"]
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(2 * len(train) + passages) // 16)   # reviews, their closing sentences, their closing passages
+    held_out = json.loads((out / "branch_validation.json").read_text())
+    assert held_out["count"] == 2 * 60   # validation: reviews and closing sentences, no passages
+
+
 def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data, tmp_path):
     out = tmp_path / "run"
     assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
@@ -382,6 +405,12 @@ def test_closing_sentences_are_the_last_sentence_long_enough_and_capped():
     assert closing_sentence([5, 6, 7], ends) == [5, 6, 7]                                       # no end mark
     long = list(range(10, 110))
     assert closing_sentence([5, 1] + long, ends) == long[-48:]
+    three = [5, 6, 7, 8, 1, 9, 10, 11, 12, 1, 13, 14, 15, 16, 2, 17, 18, 19, 20, 1]   # four sentences
+    assert closing_sentence(three, ends, sentences=3) == three[5:]
+    assert closing_passage(three, ends) == three[5:]
+    assert closing_passage([5, 1] + long, ends) == long[-96:]
+    assert closing_passage(three[5:], ends) is None                  # the whole review: not a new text
+    assert closing_passage([30, 1, 20, 21, 1, 5, 1, 6, 7, 1], ends) is None   # its closing sentence already
     validation = Validation.build([[5, 6, 1, 7, 8, 9, 10, 1], [3, 4]], [1, 0], ends)
     assert validation.ids[2:] == [[7, 8, 9, 10, 1], [3, 4]] and validation.labels == [1, 0, 1, 0]
     assert validation.short.tolist() == [False, False, True, True]
