@@ -52,6 +52,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,21 +103,31 @@ def sample_reviews(path: Path, n: int, seed: int) -> list[str]:
     return [texts[i] for i in rng.choice(len(texts), size=min(n, len(texts)), replace=False)]
 
 
-async def post_review(http, url: str, text: str) -> str | None:
+class Failure(NamedTuple):
+    """A request not answered 200."""
+    kind: str     # the HTTP status ("503": the server shed load) or the transport error's name
+    detail: str   # the start of the answer's body, or the error's message
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+async def post_review(http, url: str, text: str) -> Failure | None:
     """POST one review to /v1/predict: None when answered 200, else what went wrong."""
     import aiohttp
 
     try:
         async with http.post(f"{url}/v1/predict", json={"text": text}) as r:
             body = await r.read()
-            return None if r.status == 200 else f"{r.status}: {body[:200].decode(errors='replace')}"
+            return None if r.status == 200 else Failure(str(r.status), body[:200].decode(errors="replace"))
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-        return f"{type(err).__name__}: {err}"
+        return Failure(type(err).__name__, str(err))
 
 
-def failure_kinds(failures: list[str]) -> dict[str, int]:
-    """How many failures of each kind: the HTTP status ("503": the server shed load) or the transport error's name."""
-    return dict(Counter(f.split(":", 1)[0] for f in failures))
+def failure_report(failures: list[Failure]) -> dict:
+    """The failures for a record: how many, how many of each kind, and the first three."""
+    return {"failures": len(failures), "failure_kinds": dict(Counter(f.kind for f in failures)),
+            "failure_examples": [str(f) for f in failures[:3]]}
 
 
 async def batch_stats(http, url: str, workers: int = 1) -> dict[int, dict]:
@@ -171,7 +182,7 @@ async def load_round(url: str, reviews: list[str], clients: int, workers: int = 
 
     queue = iter(reviews)   # shared: each client takes the next review (a bounded loop: len(reviews) requests)
     latencies: list[float] = []
-    failures: list[str] = []
+    failures: list[Failure] = []
 
     async def client(http: aiohttp.ClientSession) -> None:
         for text in queue:
@@ -195,8 +206,8 @@ def summary(clients: int, rounds: list[dict]) -> dict:
     ms = np.array([x for r in rounds for x in r["latencies"]]) * 1000
     failures = [f for r in rounds for f in r["failures"]]
     seconds = sum(r["seconds"] for r in rounds)
-    return {"clients": clients, "requests": len(ms), "rounds": len(rounds), "failures": len(failures),
-            "failure_kinds": failure_kinds(failures), "failure_examples": failures[:3], "seconds": round(seconds, 2),
+    return {"clients": clients, "requests": len(ms), "rounds": len(rounds), **failure_report(failures),
+            "seconds": round(seconds, 2),
             "requests_per_s": round(len(ms) / seconds, 1),
             "p50_ms": round(float(np.percentile(ms, 50)), 1), "p99_ms": round(float(np.percentile(ms, 99)), 1),
             "client_cpu_ms": round(sum(r["client_cpu"] for r in rounds) / len(ms) * 1000, 2),
@@ -237,7 +248,7 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
 
     due = np.cumsum(np.random.default_rng(seed).exponential(1 / rate, size=max(1, round(rate * seconds))))
     latencies: list[float] = []
-    failures: list[str] = []
+    failures: list[Failure] = []
     late: list[float] = []
 
     async def one(http: aiohttp.ClientSession, text: str, at: float) -> None:
@@ -262,8 +273,7 @@ async def open_loop_round(url: str, reviews: list[str], rate: float, seconds: fl
         ran = batches_between(before, await batch_stats(http, url, workers))
     ms = np.array(latencies) * 1000
     return {"target_per_s": round(rate, 1), "offered_per_s": round(len(due) / due[-1], 1), "requests": len(ms),
-            "failures": len(failures), "failure_kinds": failure_kinds(failures),
-            "failure_examples": failures[:3], "served_per_s": round((len(ms) - len(failures)) / wall, 1),
+            **failure_report(failures), "served_per_s": round((len(ms) - len(failures)) / wall, 1),
             **{f"p{q}_ms": round(float(np.percentile(ms, q)), 1) for q in (50, 95, 99)},
             "max_send_late_ms": round(max(late) * 1000, 1), "client_cpu_ms": round(cpu / len(ms) * 1000, 2),
             "mean_batch": round(ran["texts"] / max(ran["batches"], 1), 1)}
