@@ -140,6 +140,9 @@ class TrainConfig(ReviewRunConfig):
                                               "minute on IMDB)", check=positive)
     counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
                                             "n-gram branch is fitted on them once)", check=positive)
+    negation_edit_repeat: int = setting(1, "times each negation edit and its sentence are seen per epoch by the "
+                                           "transformer (the n-gram fits count them once, weighted)",
+                                        check=positive)
     contrast_join_repeat: int = setting(3, "times each contrast join is seen per epoch by the transformer: with "
                                            "three blocks, seen once the transformer got 89-98%% of the validation "
                                            "joins right over three seeds, three times 96-99%% "
@@ -150,7 +153,8 @@ class TrainConfig(ReviewRunConfig):
                                            "split", "ngram_c", "ngram_min_count", "pseudo_labels", "soft_labels",
                                            "ngram_refit", "short_texts", "closing_passages", "negation_edits",
                                            "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
-                                           "counterfactual", "counterfactual_repeat", "contrast_join_repeat")
+                                           "counterfactual", "counterfactual_repeat", "negation_edit_repeat",
+                                           "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -176,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "closing_passages",
-                               "negation_edits", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
-                               "contrast_join_repeat"],
+                               "negation_edits", "negation_edit_weight", "teacher_edit_weight", "negation_edit_repeat",
+                               "contrast_joins", "contrast_join_repeat"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -572,7 +576,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # whose two texts often end alike under opposite labels.
     labelled_parts = [(train_ids, train_set.labels, 1),                  # (ids, labels, times per epoch)
                       (counterfactual_ids, counterfactual.labels, config.counterfactual_repeat),
-                      (edit_ids, edits.labels, 1), (join_ids, joins.labels, config.contrast_join_repeat)]
+                      (edit_ids, edits.labels, config.negation_edit_repeat),
+                      (join_ids, joins.labels, config.contrast_join_repeat)]
     ids = [x for part, _, times in labelled_parts for x in part * times] + unlabelled_ids[: len(given)]
     targets = training_targets([y for _, labels, times in labelled_parts for y in labels * times], given,
                                config.soft_labels)
@@ -585,7 +590,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    if counterfactual_ids else "")
-                + (f", {len(edit_ids)} negation edits and sentences" if edit_ids else "")
+                + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
+                   if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")

@@ -368,7 +368,8 @@ def test_closing_passages_are_training_texts_only(tmp_path):
 def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data, tmp_path):
     out = tmp_path / "run"
     assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
-                 *TINY_MODEL_ARGS, "--val-size", "160", "--contrast-join-repeat", "2"]) == 0
+                 *TINY_MODEL_ARGS, "--val-size", "160", "--contrast-join-repeat", "2",
+                 "--negation-edit-repeat", "3"]) == 0
     train, val = training_split(str(parquet_data), 160, 0)   # enough validation sentences to join a few
     texts = {"train": [normalize(t) for t in train.texts], "val": [normalize(t) for t in val.texts]}
     lexicon = Lexicon.fit(texts["train"], train.labels)
@@ -378,8 +379,8 @@ def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data,
                                                                                              ("val", val)))
     assert edits and val_edits and joins and val_joins   # the fixture's sentences give some of each
     step = json.loads((out / "last" / "state.json").read_text())["step"]
-    # reviews, rule-made texts (the joins twice), closing sentences
-    assert step == -(-(240 + len(edits) + 2 * len(joins) + 240) // 16)
+    # reviews, rule-made texts (the edits three times, the joins twice), closing sentences
+    assert step == -(-(240 + 3 * len(edits) + 2 * len(joins) + 240) // 16)
     record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert {"val_edit_accuracy", "val_ngram_edit_accuracy", "val_mixed_edit_accuracy", "val_join_accuracy",
             "val_mixed_join_accuracy"} <= set(record)
