@@ -572,8 +572,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                                                             validation, unlabelled_ids, console))
         validation.ngram = distributed.broadcast_object(validation.ngram)
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
-    # are repeated; closing sentences are cut from the labelled and pseudo-labelled reviews, not from the pairs,
-    # whose two texts often end alike under opposite labels.
+    # and the rule-made texts are repeated; windows (closing sentences, passages) are cut from the labelled and
+    # pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels.
     labelled_parts = [(train_ids, train_set.labels, 1),                  # (ids, labels, times per epoch)
                       (counterfactual_ids, counterfactual.labels, config.counterfactual_repeat),
                       (edit_ids, edits.labels, config.negation_edit_repeat),

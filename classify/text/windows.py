@@ -16,7 +16,7 @@ from .prepare import TokenIds
 SENTENCE_ENDS = (".", "!", "?")
 MIN_TOKENS = 4      # a closing "Enjoy!" says little: sentences shorter than this take the one before too
 MAX_TOKENS = 48     # a run-on last sentence keeps its last tokens
-PASSAGE_SENTENCES, PASSAGE_TOKENS = 3, 96
+PASSAGE_SENTENCES, PASSAGE_TOKENS = 3, 96   # a closing passage: the length of a short real review
 
 
 def closing_sentence(ids: TokenIds, ends: set[int], min_tokens: int = MIN_TOKENS,
