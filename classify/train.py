@@ -487,14 +487,14 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
 
 
 def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
-                 cut: Callable[[TokenIds], TokenIds | None]) -> tuple[list[TokenIds], list[int] | np.ndarray, int]:
+                 cut: Callable[[TokenIds], TokenIds | None]) -> tuple[list[TokenIds], list[int] | np.ndarray]:
     """The training examples plus ``cut`` of each of ``rows`` (a window of that review, or None for none), with
-    that review's target; and how many windows were added."""
+    that review's target."""
     cuts = [(i, cut(ids[i])) for i in rows]
     rows, windows = [i for i, w in cuts if w is not None], [w for _, w in cuts if w is not None]
     if isinstance(targets, np.ndarray):
-        return ids + windows, np.concatenate([targets, targets[rows]]), len(windows)
-    return ids + windows, targets + [targets[i] for i in rows], len(windows)
+        return ids + windows, np.concatenate([targets, targets[rows]])
+    return ids + windows, targets + [targets[i] for i in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -586,7 +586,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     for name, cut, wanted in (("closing sentences", closing_sentence, config.short_texts),
                               ("closing passages", closing_passage, config.closing_passages)):
         if wanted:
-            ids, targets, added[name] = with_windows(ids, targets, reviews, partial(cut, ends=ends))
+            before = len(ids)
+            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends))
+            added[name] = len(ids) - before
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    if counterfactual_ids else "")
