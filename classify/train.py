@@ -44,7 +44,7 @@ from .text.batching import Collate
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
-from .text.edits import Lexicon, contrast_joins, negation_pairs
+from .text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import SENTENCE_ENDS, closing_passage, closing_sentence, closing_sentences
@@ -123,6 +123,11 @@ class TrainConfig(ReviewRunConfig):
                                          "beside its sentence under the opposite label (\"The plot was thin.\" / "
                                          "\"The plot was not thin.\"), and validate on those of the validation "
                                          "reviews (text.edits)")
+    negators: str = setting("not", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
+                                   "varied: also \"no\" and \"never\", as often as the training reviews do (an "
+                                   "indefinite predicate \"is a gem\" -> \"is no gem\" 59%%, \"never\" after a "
+                                   "copula 6%%, after a pronoun subject 12%%), and the edits take them out too "
+                                   "(text.edits)", choices=NEGATION_FORMS)
     contrast_joins: bool = setting(True, "also train the transformer on contrast joins of training sentences: a "
                                          "positive and a negative sentence joined by \", but\", both ways round, "
                                          "labelled by the second; and validate on those of the validation reviews "
@@ -152,7 +157,7 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "pseudo_labels", "soft_labels",
                                            "ngram_refit", "short_texts", "closing_passages", "negation_edits",
-                                           "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                                           "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "negation_edit_repeat",
                                            "contrast_join_repeat")
 
@@ -180,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "closing_passages",
-                               "negation_edits", "negation_edit_weight", "teacher_edit_weight", "negation_edit_repeat",
-                               "contrast_joins", "contrast_join_repeat"],
+                               "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
+                               "negation_edit_repeat", "contrast_joins", "contrast_join_repeat"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -470,7 +475,8 @@ def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> t
     lexicon = Lexicon.fit(texts["train"], train.labels)
     for out, split, labels in ((made[0], "train", train.labels), (made[1], "val", val.labels)):
         if config.negation_edits:
-            out["edit"] = Examples(*negation_pairs(texts[split], labels, lexicon, seed=config.seed))
+            out["edit"] = Examples(*negation_pairs(texts[split], labels, lexicon, seed=config.seed,
+                                                   varied=config.negators == "varied"))
         if config.contrast_joins:
             out["join"] = Examples(*contrast_joins(texts[split], labels, lexicon, seed=config.seed))
     return made

@@ -27,7 +27,8 @@ from classify.text.data import normalize, training_split
 from classify.text.edits import Lexicon, contrast_joins, negation_pairs
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS, closing_passage, closing_sentence
-from classify.train import ClassificationTask, TrainConfig, Validation, main, training_targets
+from classify.train import (ClassificationTask, TrainConfig, Validation, main, rule_made_examples,
+                            training_targets)
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
              "last/state.json"]
@@ -363,6 +364,18 @@ def test_closing_passages_are_training_texts_only(tmp_path):
     assert step == -(-(2 * len(train) + passages) // 16)   # reviews, their closing sentences, their closing passages
     held_out = json.loads((out / "branch_validation.json").read_text())
     assert held_out["count"] == 2 * 60   # validation: reviews and closing sentences, no passages
+
+
+def test_negators_choose_the_forms_of_the_negation_edits_on_both_sides_of_validation(parquet_data):
+    train, val = training_split(str(parquet_data), 160, 0)
+    texts = {"train": [normalize(t) for t in train.texts], "val": [normalize(t) for t in val.texts]}
+    lexicon = Lexicon.fit(texts["train"], train.labels)
+    for negators, varied in (("not", False), ("varied", True)):
+        config = TrainConfig(data=str(parquet_data), negators=negators, contrast_joins=False)
+        made = rule_made_examples(config, train, val)
+        for side, (split, examples) in zip(("train", "val"), ((train, made[0]), (val, made[1]))):
+            assert examples["edit"].texts == negation_pairs(texts[side], split.labels, lexicon, varied=varied)[0]
+    assert negation_pairs(texts["train"], train.labels, lexicon)[0] != made[0]["edit"].texts   # told apart
 
 
 def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data, tmp_path):
