@@ -124,10 +124,10 @@ class TrainConfig(ReviewRunConfig):
                                          "\"The plot was not thin.\"), and validate on those of the validation "
                                          "reviews (text.edits)")
     negators: str = setting("not", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
-                                   "varied: also \"no\" and \"never\", as often as the training reviews do (an "
-                                   "indefinite predicate \"is a gem\" -> \"is no gem\" 59%%, \"never\" after a "
-                                   "copula 6%%, after a pronoun subject 12%%), and the edits take them out too "
-                                   "(text.edits)", choices=NEGATION_FORMS)
+                                   "never: also \"never\", as often as the training reviews do (after a copula "
+                                   "6%%, after a pronoun subject 12%%); varied: \"no\" too (an indefinite "
+                                   "predicate, \"is a gem\" -> \"is no gem\", 59%%). The edits take out the "
+                                   "forms they write (text.edits)", choices=NEGATION_FORMS)
     contrast_joins: bool = setting(True, "also train the transformer on contrast joins of training sentences: a "
                                          "positive and a negative sentence joined by \", but\", both ways round, "
                                          "labelled by the second; and validate on those of the validation reviews "
@@ -476,7 +476,7 @@ def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> t
     for out, split, labels in ((made[0], "train", train.labels), (made[1], "val", val.labels)):
         if config.negation_edits:
             out["edit"] = Examples(*negation_pairs(texts[split], labels, lexicon, seed=config.seed,
-                                                   varied=config.negators == "varied"))
+                                                   negators=config.negators))
         if config.contrast_joins:
             out["join"] = Examples(*contrast_joins(texts[split], labels, lexicon, seed=config.seed))
     return made

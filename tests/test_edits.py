@@ -55,27 +55,31 @@ def test_negate_leaves_what_the_rule_cannot_read():
     assert negate("The film was never dull.").text == "The film was dull."   # "never" after a copula comes out
 
 
-def test_negate_with_a_draw_writes_no_and_never_where_people_do():
+def test_negate_writes_never_and_no_where_people_do_when_asked():
     # A draw under the share writes the rarer form, over it "not" as before; "no" takes an article's place.
-    assert negate("It is a gem.", draw=0.5).text == "It is no gem."
-    assert negate("It is a gem.", draw=0.7).text == "It is not a gem."
-    assert negate("It's an epic.", draw=0.1).text == "It's no epic."
-    assert negate("The plot was dull.", draw=0.01).text == "The plot was never dull."
-    assert negate("The plot was dull.", draw=0.5).text == "The plot was not dull."
-    assert negate("I enjoyed it.", VERBS | {"enjoy"}, draw=0.05).text == "I never enjoyed it."    # the verb's form kept
-    assert negate("I really liked the cast.", VERBS, draw=0.05).text == "I never really liked the cast."
-    assert negate("I liked the cast.", VERBS, draw=0.5).text == "I did not like the cast."
-    edit = negate("It is a gem.", draw=0.5)
+    assert negate("It is a gem.", negators="varied", draw=0.5).text == "It is no gem."
+    assert negate("It is a gem.", negators="varied", draw=0.7).text == "It is not a gem."
+    assert negate("It's an epic.", negators="varied", draw=0.1).text == "It's no epic."
+    assert negate("The plot was dull.", negators="varied", draw=0.01).text == "The plot was never dull."
+    assert negate("The plot was dull.", negators="varied", draw=0.5).text == "The plot was not dull."
+    assert negate("I enjoyed it.", VERBS | {"enjoy"}, negators="never", draw=0.05).text == "I never enjoyed it."
+    assert (negate("I really liked the cast.", VERBS, negators="never", draw=0.05).text
+            == "I never really liked the cast.")
+    assert negate("I liked the cast.", VERBS, negators="never", draw=0.5).text == "I did not like the cast."
+    edit = negate("It is a gem.", negators="varied", draw=0.5)
     assert edit.plain == "It is a gem." and edit.scope == ["a", "gem"]
-    # ... and takes "no" and "never" out as it takes "not" out.
-    edit = negate("It was no gem.", draw=0.9)
+    # "never" writes no "no".
+    assert negate("It is a gem.", negators="never", draw=0.01).text == "It is not a gem."
+    # ... and takes out what it writes, as "not" is taken out.
+    edit = negate("It was no gem.", negators="varied")
     assert edit.text == edit.plain == "It was a gem." and edit.scope == ["a", "gem"]
-    assert negate("There was no art in it.", draw=0.9).text == "There was an art in it."
-    assert negate("I never liked it.", VERBS, draw=0.9).text == "I liked it."
-    # "no" that negates no article is left alone, and without a draw neither form is read or written.
-    assert negate("It was no longer fun.", draw=0.9) is None
+    assert negate("There was no art in it.", negators="varied").text == "There was an art in it."
+    assert negate("I never liked it.", VERBS, negators="never").text == "I liked it."
+    assert negate("It was no gem.", negators="never") is None
+    # "no" that negates no article is left alone, and with "not" neither form is read or written.
+    assert negate("It was no longer fun.", negators="varied") is None
     assert negate("It was no gem.") is None and negate("I never liked it.", VERBS) is None
-    assert negate("It is a gem.").text == "It is not a gem."
+    assert negate("It is a gem.", draw=0.0).text == "It is not a gem."
 
 
 def test_sentences_and_negated():
@@ -123,10 +127,10 @@ def test_negation_pairs_flip_the_label_of_polar_sentences_only():
     assert negation_pairs(["The film was wonderful from start to end."], [0], lexicon) == ([], [])
 
 
-def test_varied_negation_pairs_write_no_and_never_under_flipped_labels():
+def test_negation_pairs_write_never_and_no_under_flipped_labels_when_asked():
     lexicon = Lexicon({"gem": 2.0, "dull": -2.0, "film": 0.0})
     reviews = ["The film is a gem.", "The film was dull."] * 200
-    texts, labels = negation_pairs(reviews, [1, 0] * 200, lexicon, varied=True)
+    texts, labels = negation_pairs(reviews, [1, 0] * 200, lexicon, negators="varied")
     edits = texts[1::2]
     assert labels == [1, 0, 0, 1] * 200
     assert set(edits[0::2]) == {"The film is no gem.", "The film is not a gem.", "The film isn't a gem."}
@@ -134,7 +138,9 @@ def test_varied_negation_pairs_write_no_and_never_under_flipped_labels():
     # Near the measured shares: "no" for most indefinite predicates, "never" for a few others.
     assert 0.45 < edits[0::2].count("The film is no gem.") / 200 < 0.75
     assert 0 < edits[1::2].count("The film was never dull.") / 200 < 0.15
-    assert "never" not in " ".join(negation_pairs(reviews, [1, 0] * 200, lexicon)[0])   # not without varied
+    never = negation_pairs(reviews, [1, 0] * 200, lexicon, negators="never")[0]
+    assert "never" in " ".join(never) and " no " not in " ".join(never)
+    assert not {"never", "no"} & set(" ".join(negation_pairs(reviews, [1, 0] * 200, lexicon)[0]).split())
 
 
 def test_whole_sentences_stand_on_their_own():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_MODEL_ARGS
 
-from experiments import ablations, baseline, pretraining, seeds, trainruns
+from experiments import ablations, baseline, negation_forms, pretraining, seeds, trainruns
 
 
 @pytest.mark.slow
@@ -289,3 +289,17 @@ def test_validation_pairs_are_the_training_side_pairs_whose_original_is_a_valida
     pairs = validation_pairs(TrainConfig(data="unused", counterfactual=str(counterfactual_data)), val_texts)
     assert pairs.texts == training.original.texts[:3] + training.revised.texts[:3]   # never the held-out quarter
     assert pairs.labels == training.original.labels[:3] + [1 - y for y in training.original.labels[:3]]
+
+
+def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parquet_data, tmp_path):
+    counts = negation_forms.how_reviews_negate(["It was no gem. It was not a gem. It isn't a film, it wasn't good.",
+                                                "I never laughed. I didn't laugh. It was never dull. It was no longer "
+                                                "fun."])
+    assert counts == {"copula: no": 1, "copula: not + article": 1, "copula: n't + article": 1, "copula: n't": 1,
+                      "pronoun: never": 1, "pronoun: didn't": 1, "copula: never": 1}
+    assert negation_forms.shares(counts) == {"no for an indefinite predicate": 1 / 3, "never after a copula": 0.5,
+                                             "never after a pronoun": 0.5}
+    assert negation_forms.main(["--data", str(parquet_data), "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "negation_forms.json").read_text())
+    assert record["reviews"] > 0 and set(record["edits"]) == {"not", "never", "varied"}
+    assert "never" not in record["edits"]["not"] and "no" not in record["edits"]["not"]

@@ -9,8 +9,8 @@ training reviews' own sentences, each beside a text of the same words under the 
 - ``negate(sentence, verbs)`` toggles the negation of a sentence's first verb phrase: "not" goes in after the
   first copula or modal ("The plot was thin." -> "The plot was not thin."), or "do"-support is added to a lexical
   verb after a pronoun ("I enjoyed it." -> "I did not enjoy it."), and a negated one loses its negation
-  ("I couldn't stop laughing." -> "I could stop laughing."). Given a ``draw``, it also writes "no" and "never" as
-  often as the training reviews do ("It is a gem." -> "It is no gem."; "I enjoyed it." -> "I never enjoyed it.").
+  ("I couldn't stop laughing." -> "I could stop laughing."). Asked to, it also writes "never" and "no" as often as
+  the training reviews do ("I enjoyed it." -> "I never enjoyed it."; "It is a gem." -> "It is no gem.").
 - ``negation_pairs`` keeps the sentences whose label is known with some confidence: the review's label for an
   un-negated sentence whose words a bag-of-words lexicon (``Lexicon``, log-count ratios fitted on the training
   reviews) also reads that way, and the opposite label for its edit. For a negated sentence the lexicon reads the
@@ -66,7 +66,8 @@ ADVERBS = frozenset("just even also still always really actually truly honestly 
 # (1,474 against 22,171), and a lexical verb after a pronoun "never" in 12% (1,286 against 9,283 "didn't" / "did
 # not" forms).
 NO_SHARE, NEVER_AFTER_COPULA, NEVER_AFTER_PRONOUN = 0.59, 0.06, 0.12
-NEGATION_FORMS = ("not", "varied")   # --negators: "not" and "n't" alone, or "no" and "never" too
+# What --negators chooses between: "not" and "n't" alone; "never" too; "never" and "no" too.
+NEGATION_FORMS = ("not", "never", "varied")
 ARTICLES = frozenset({"a", "an"})
 # "no" that is no article's negation: "was no longer", "is no better than", "was no one".
 NO_PHRASES = frozenset("longer more less one doubt matter better worse other sooner".split())
@@ -172,29 +173,30 @@ def _reword(token: str, word: str) -> str:
     return token[:core.start()] + word + token[core.end():]
 
 
-def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = False,
-           draw: float | None = None) -> Edit | None:
+def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = False, negators: str = "not",
+           draw: float = 1.0) -> Edit | None:
     """The sentence with the negation of its first negated or negatable verb toggled, or None when it has neither.
     ``verbs``: the base forms of lexical verbs (``Lexicon.verbs``); with none, only copulas and modals are negated.
     ``contract``: a negation put in is contracted where English contracts it ("wasn't", "didn't").
-    ``draw``: a number in [0, 1) that puts in "no" or "never" instead where it falls under their shares
-    (``NO_SHARE``, ...), and lets "no" and "never" be taken out as "not" is ("It was no gem." -> "It was a gem.",
-    "I never liked it." -> "I liked it."); None: neither, only "not" and "n't" (the rule before those forms).
+    ``negators`` (``NEGATION_FORMS``): "not" reads and writes "not" and "n't" alone; "never" also takes "never" out
+    ("I never liked it." -> "I liked it.") and puts it in where ``draw``, a number in [0, 1), falls under its share
+    (``NEVER_AFTER_COPULA``, ``NEVER_AFTER_PRONOUN``); "varied" does the same with "no" too ("It was no gem." ->
+    "It was a gem.", and in for an indefinite predicate under ``NO_SHARE``).
 
     "The film is a mess." -> "The film is not a mess."; "It's fun." -> "It's not fun."; "It wasn't funny." ->
     "It was funny."; "It was not funny." -> "It was funny."; "It was never dull." -> "It was dull."; "I loved it."
     -> "I did not love it."; "I never laughed." (a negation with no verb to undo) -> None.
     """
-    varied = draw is not None
+    never, no = negators in ("never", "varied"), negators == "varied"
     tokens = sentence.split(" ")
     for i, token in enumerate(tokens):
         word = _bare(token)
         if verbs and i == 0 and word in DO_BY_SUBJECT and token.isalpha():  # the main clause's subject
-            if varied and len(tokens) > 2 and tokens[1] == "never":  # "I never liked it." -> "I liked it."
+            if never and len(tokens) > 2 and tokens[1] == "never":  # "I never liked it." -> "I liked it."
                 edited = [tokens[0], *tokens[2:]]
                 text = " ".join(edited)
                 return Edit(text, text, _scope(edited, 1))
-            edit = _do_support(tokens, i, verbs, contract, never=varied and draw < NEVER_AFTER_PRONOUN)
+            edit = _do_support(tokens, i, verbs, contract, never=never and draw < NEVER_AFTER_PRONOUN)
             if edit is not None:
                 return edit
         if word in UNNEGATED:  # "wasn't" -> "was", keeping the case and the punctuation around it
@@ -208,17 +210,17 @@ def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = 
                 text = " ".join(edited)
                 return Edit(text, text, _scope(edited, i + 1))
             after = _bare(tokens[i + 2]) if i + 2 < len(tokens) else ""
-            if varied and following == "no" and after.isalpha() and after not in NO_PHRASES:
+            if no and following == "no" and after.isalpha() and after not in NO_PHRASES:
                 # "was no gem" -> "was a gem"
                 edited = [*tokens[: i + 1], "an" if after[0] in "aeiou" else "a", *tokens[i + 2:]]
                 text = " ".join(edited)
                 return Edit(text, text, _scope(edited, i + 1))
             if following in NEGATION_WORDS or not following.isalpha() or token[-1] in ",;:.!?":
                 return None  # "was no ...", "is, " : nothing the rule can toggle
-            if varied and following in ARTICLES and draw < NO_SHARE:   # "is a gem" -> "is no gem": the article goes
+            if no and following in ARTICLES and draw < NO_SHARE:   # "is a gem" -> "is no gem": the article goes
                 return Edit(" ".join([*tokens[: i + 1], _reword(tokens[i + 1], "no"), *tokens[i + 2:]]), sentence,
                             _scope(tokens, i + 1))
-            if varied and following not in ARTICLES and draw < NEVER_AFTER_COPULA:
+            if never and following not in ARTICLES and draw < NEVER_AFTER_COPULA:
                 negation = [token, "never"]
             else:
                 negation = ([_reword(token, CONTRACTED[word])] if contract and word in CONTRACTED
@@ -310,14 +312,14 @@ def contrast_joins(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
 
 
 def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon, margin: float = 1.0,
-                   per_review: int = 1, seed: int = 0, varied: bool = False) -> tuple[list[str], list[int]]:
+                   per_review: int = 1, seed: int = 0, negators: str = "not") -> tuple[list[str], list[int]]:
     """Up to ``per_review`` (sentence, edit) pairs from each two-class review (normalised text, label 0/1), in
     review order. A sentence qualifies when it is no question, has MIN_WORDS to MAX_WORDS words and no contrasting word
     ("but", "although", ...: the clause after it would have a say in the edit's label), ``negate`` can edit it, and the
     lexicon reads the words in the negation's scope, un-negated, as the label the un-negated side gets, by at least
     ``margin``, while the words outside the scope lean that way or not at all (so the edit flips what carries the
-    sentence). ``varied``: the edits also put in and take out "no" and "never" as people write them (``negate``'s
-    ``draw``). Returns the texts (sentence, edit, sentence, edit, ...) and their labels."""
+    sentence). ``negators``: which negations the edits put in and take out (``negate``). Returns the texts
+    (sentence, edit, sentence, edit, ...) and their labels."""
     rng = np.random.default_rng(seed)
     out_texts: list[str] = []
     out_labels: list[int] = []
@@ -326,8 +328,8 @@ def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
         for sentence in sentences(text):
             if sentence.endswith("?") or not MIN_WORDS <= len(words(sentence)) <= MAX_WORDS or not whole(sentence):
                 continue  # a question's label is not its statement's
-            edit = negate(sentence, lexicon.verbs, contract=bool(rng.integers(2)),
-                          draw=float(rng.random()) if varied else None)
+            edit = negate(sentence, lexicon.verbs, contract=bool(rng.integers(2)), negators=negators,
+                          draw=float(rng.random()) if negators != "not" else 1.0)
             if edit is None or negated(edit.plain) or CLAUSE_WORDS & set(words(sentence)):
                 continue  # a second negation, or a contrast ("..., but ..."), would make the edit's label a guess
             sign = 2 * (label if edit.plain == sentence else 1 - label) - 1
