@@ -173,6 +173,13 @@ def _reword(token: str, word: str) -> str:
     return token[:core.start()] + word + token[core.end():]
 
 
+def _unnegated(edited: list[str], start: int) -> Edit:
+    """The edit that took a negation out: ``edited`` (tokens) is both the text and its plain side, the scope read
+    from ``edited[start]``."""
+    text = " ".join(edited)
+    return Edit(text, text, _scope(edited, start))
+
+
 def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = False, negators: str = "not",
            draw: float = 1.0) -> Edit | None:
     """The sentence with the negation of its first negated or negatable verb toggled, or None when it has neither.
@@ -193,28 +200,20 @@ def negate(sentence: str, verbs: frozenset[str] = frozenset(), contract: bool = 
         word = _bare(token)
         if verbs and i == 0 and word in DO_BY_SUBJECT and token.isalpha():  # the main clause's subject
             if never and len(tokens) > 2 and tokens[1] == "never":  # "I never liked it." -> "I liked it."
-                edited = [tokens[0], *tokens[2:]]
-                text = " ".join(edited)
-                return Edit(text, text, _scope(edited, 1))
+                return _unnegated([tokens[0], *tokens[2:]], 1)
             edit = _do_support(tokens, i, verbs, contract, never=never and draw < NEVER_AFTER_PRONOUN)
             if edit is not None:
                 return edit
         if word in UNNEGATED:  # "wasn't" -> "was", keeping the case and the punctuation around it
-            edited = [*tokens[:i], _reword(token, UNNEGATED[word]), *tokens[i + 1:]]
-            text = " ".join(edited)
-            return Edit(text, text, _scope(edited, i + 1))
+            return _unnegated([*tokens[:i], _reword(token, UNNEGATED[word]), *tokens[i + 1:]], i + 1)
         following = _bare(tokens[i + 1]) if i + 1 < len(tokens) else ""
         if word in TAKES_NOT or (word.endswith("'s") and word[:-2] in IS_CONTRACTED):
             if following in ("not", "never"):  # "was not" -> "was"
-                edited = [*tokens[: i + 1], *tokens[i + 2:]]
-                text = " ".join(edited)
-                return Edit(text, text, _scope(edited, i + 1))
+                return _unnegated([*tokens[: i + 1], *tokens[i + 2:]], i + 1)
             after = _bare(tokens[i + 2]) if i + 2 < len(tokens) else ""
             if no and following == "no" and after.isalpha() and after not in NO_PHRASES:
-                # "was no gem" -> "was a gem"
-                edited = [*tokens[: i + 1], "an" if after[0] in "aeiou" else "a", *tokens[i + 2:]]
-                text = " ".join(edited)
-                return Edit(text, text, _scope(edited, i + 1))
+                return _unnegated([*tokens[: i + 1], "an" if after[0] in "aeiou" else "a", *tokens[i + 2:]],
+                                  i + 1)   # "was no gem" -> "was a gem"
             if following in NEGATION_WORDS or not following.isalpha() or token[-1] in ",;:.!?":
                 return None  # "was no ...", "is, " : nothing the rule can toggle
             if no and following in ARTICLES and draw < NO_SHARE:   # "is a gem" -> "is no gem": the article goes
@@ -328,6 +327,7 @@ def negation_pairs(texts: Sequence[str], labels: Sequence[int], lexicon: Lexicon
         for sentence in sentences(text):
             if sentence.endswith("?") or not MIN_WORDS <= len(words(sentence)) <= MAX_WORDS or not whole(sentence):
                 continue  # a question's label is not its statement's
+            # "not" draws nothing more, so its edits stay those made before --negators existed.
             edit = negate(sentence, lexicon.verbs, contract=bool(rng.integers(2)), negators=negators,
                           draw=float(rng.random()) if negators != "not" else 1.0)
             if edit is None or negated(edit.plain) or CLAUSE_WORDS & set(words(sentence)):
