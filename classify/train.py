@@ -44,7 +44,8 @@ from .text.batching import Collate
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, SPLITS_BY, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
-from .text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
+from .text.edits import (NEGATION_FORMS, NEVER_AFTER_COPULA, NEVER_AFTER_PRONOUN, NO_SHARE, Lexicon, contrast_joins,
+                         negation_pairs)
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import SENTENCE_ENDS, closing_passage, closing_sentence, closing_sentences
@@ -125,9 +126,10 @@ class TrainConfig(ReviewRunConfig):
                                          "reviews (text.edits)")
     negators: str = setting("not", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
                                    "never: also \"never\", as often as the training reviews do (after a copula "
-                                   "6%%, after a pronoun subject 12%%); varied: \"no\" too (an indefinite "
-                                   "predicate, \"is a gem\" -> \"is no gem\", 59%%). The edits take out the "
-                                   "forms they write (text.edits)", choices=NEGATION_FORMS)
+                                   f"{NEVER_AFTER_COPULA:.0%}%, after a pronoun subject {NEVER_AFTER_PRONOUN:.0%}%); "
+                                   "varied: \"no\" too (an indefinite predicate, \"is a gem\" -> \"is no gem\", "
+                                   f"{NO_SHARE:.0%}%). The edits take out the forms they write (text.edits)",
+                            choices=NEGATION_FORMS)
     contrast_joins: bool = setting(True, "also train the transformer on contrast joins of training sentences: a "
                                          "positive and a negative sentence joined by \", but\", both ways round, "
                                          "labelled by the second; and validate on those of the validation reviews "
