@@ -124,7 +124,7 @@ class TrainConfig(ReviewRunConfig):
                                          "beside its sentence under the opposite label (\"The plot was thin.\" / "
                                          "\"The plot was not thin.\"), and validate on those of the validation "
                                          "reviews (text.edits)")
-    negators: str = setting("not", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
+    negators: str = setting("never", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
                                    "never: also \"never\", as often as the training reviews do (after a copula "
                                    f"{NEVER_AFTER_COPULA:.0%}%, after a pronoun subject {NEVER_AFTER_PRONOUN:.0%}%); "
                                    "varied: \"no\" too (an indefinite predicate, \"is a gem\" -> \"is no gem\", "
