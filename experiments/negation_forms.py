@@ -17,13 +17,14 @@ import sys
 from collections import Counter
 
 from classify.text.data import load_split, normalize
-from classify.text.edits import (ARTICLES, CONTRACTED, DO_BY_SUBJECT, NEGATION_FORMS, NO_PHRASES, TAKES_NOT, Lexicon,
-                                 negation_pairs, sentences, words)
+from classify.text.edits import (ARTICLES, CONTRACTED, DO_BY_SUBJECT, NEGATION_FORMS, NO_PHRASES, TAKES_NOT, UNNEGATED,
+                                 Lexicon, negation_pairs, sentences, words)
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
 
-DO_NEGATED = frozenset({"didn't", "don't", "doesn't"})
+DO_FORMS = frozenset({"did", *DO_BY_SUBJECT.values()})   # "did", "do", "does"
+DO_NEGATED = frozenset(negated for negated, plain in UNNEGATED.items() if plain in DO_FORMS)   # "didn't", ...
 
 
 def how_reviews_negate(texts: list[str]) -> dict[str, int]:
@@ -48,7 +49,7 @@ def how_reviews_negate(texts: list[str]) -> dict[str, int]:
                 continue
             if ws[1] in DO_NEGATED:
                 counts["pronoun: didn't"] += 1
-            elif ws[1] in ("did", "do", "does") and ws[2] == "not":
+            elif ws[1] in DO_FORMS and ws[2] == "not":
                 counts["pronoun: did not"] += 1
             elif ws[1] == "never":
                 counts["pronoun: never"] += 1
