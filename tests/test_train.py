@@ -24,7 +24,7 @@ from classify.ngrams import bag_logits, fit_ngram_bag
 from classify.text.batching import Collate
 from classify.text.counterfactual import load_pairs
 from classify.text.data import normalize, training_split
-from classify.text.edits import Lexicon, contrast_joins, negation_pairs
+from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS, closing_passage, closing_sentence
 from classify.train import (ClassificationTask, TrainConfig, Validation, main, rule_made_examples,
@@ -370,7 +370,7 @@ def test_negators_choose_the_forms_of_the_negation_edits_on_both_sides_of_valida
     train, val = training_split(str(parquet_data), 160, 0)
     texts = {"train": [normalize(t) for t in train.texts], "val": [normalize(t) for t in val.texts]}
     lexicon = Lexicon.fit(texts["train"], train.labels)
-    for negators in ("not", "varied"):
+    for negators in NEGATION_FORMS:   # "never", the default, among them
         config = TrainConfig(data=str(parquet_data), negators=negators, contrast_joins=False)
         made = rule_made_examples(config, train, val)
         for side, (split, examples) in zip(("train", "val"), ((train, made[0]), (val, made[1]))):
