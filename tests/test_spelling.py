@@ -94,6 +94,8 @@ def test_a_run_reads_slips_as_its_config_says(trained_run, tmp_path):
         assert classify_texts(run, ["a wondreful film"])[0].notes == []
     (run_dir / "config.json").write_text(json.dumps(config))
     run = load_run(run_dir, torch.device("cpu"))
-    slip, meant = classify_texts(run, ["a wondreful and moving film", "a wonderful and moving film"])
+    # One call each: two rows of one batch may round differently in the last bits (blocked matrix products).
+    slip, meant = (classify_texts(run, [text])[0]
+                   for text in ("a wondreful and moving film", "a wonderful and moving film"))
     assert slip.notes == ["read 'wondreful' as 'wonderful'"] and meant.notes == []
     assert slip.probabilities.tolist() == meant.probabilities.tolist()
