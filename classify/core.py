@@ -36,6 +36,8 @@ __all__ = [
     "combine_masks",
     "KVCache",
     "MultiHeadAttention",
+    "dropout",
+    "Dropout",
     "FeedForward",
     "EncoderBlock",
     "DecoderBlock",
@@ -201,7 +203,7 @@ class MultiHeadAttention(nn.Module):
             weights = scores.softmax(dim=-1)
             if empty_rows is not None:
                 weights = weights.masked_fill(empty_rows, 0.0)
-            out = F.dropout(weights, p=dropout_p) @ v
+            out = dropout(weights, dropout_p) @ v
         else:
             weights = None
             if mask is not None and _capturing():
@@ -223,6 +225,51 @@ def _capturing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+# ------------------------------------------------------------------------- dropout
+DROPOUT_LEVELS = 1 << 16  # on a CPU, the drop probability is rounded to a multiple of 1 / DROPOUT_LEVELS
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout: each element of ``x`` (any shape) is zeroed with probability ``p``, the others are scaled
+    by 1 / (1 - p); the identity unless ``training``.
+
+    On a CPU, ``F.dropout`` draws a double from the generator for every element (``bernoulli_``), and in training
+    that was a quarter of the classifier's step (experiments/RESULTS.md). Here every element gets 16 random bits,
+    four from each 64-bit draw: ``p`` is rounded to a multiple of 1/65536 (0.1 -> 0.100006) and the kept elements
+    are scaled by exactly 1 / (1 - the rounded p), so the expected output is still ``x``. Other devices, and a
+    graph being captured, keep PyTorch's own kernel.
+    """
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return x * 0.0
+    if x.device.type != "cpu" or _capturing():
+        return F.dropout(x, p, training=True)
+    n = x.numel()
+    # random_ with these bounds fills all 64 bits (without them the top bit is always 0).
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None).view(torch.int16)[:n]
+    cut = round(p * DROPOUT_LEVELS)                                 # drop where the 16 bits, unsigned, are < cut
+    keep = bits.view(x.shape) >= cut - DROPOUT_LEVELS // 2         # as int16: unsigned u is u - 32768
+    # A mask in x's dtype, scaled: one multiplication forward and one backward (autograd keeps the mask).
+    return x * keep.to(x.dtype).mul_(DROPOUT_LEVELS / (DROPOUT_LEVELS - cut))
+
+
+class Dropout(nn.Module):
+    """``dropout`` as a module, with ``nn.Dropout``'s interface: ``p``, and on in training mode only."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be between 0 and 1, got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 # -------------------------------------------------------------------------- blocks
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -237,7 +284,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -253,7 +300,7 @@ class _Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -444,7 +491,7 @@ class Embedding(nn.Module):
         else:
             self.positions = None
         self.scale = scale if scale is not None else (math.sqrt(d_model) if added == "sinusoidal" else 1.0)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """``offset``: absolute position of ``tokens[:, 0]`` (incremental decoding)."""

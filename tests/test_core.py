@@ -5,7 +5,9 @@ import torch
 from torch import nn
 
 from classify.core import (
+    DROPOUT_LEVELS,
     Decoder,
+    Dropout,
     DecoderBlock,
     Embedding,
     Encoder,
@@ -15,6 +17,7 @@ from classify.core import (
     RotaryEmbedding,
     causal_mask,
     combine_masks,
+    dropout,
     padding_mask,
 )
 
@@ -162,6 +165,51 @@ def test_attention_dropout_only_in_training():
     assert not torch.allclose(attn(x, x, x)[0], attn(x, x, x)[0])
     attn.eval()
     torch.testing.assert_close(attn(x, x, x)[0], attn(x, x, x)[0])
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_dropout_drops_at_its_rate_and_keeps_the_expectation(p, dtype):
+    x = torch.ones(64, 8, 250, dtype=dtype)  # 128,000 elements: a multiple of 4 and not of 64
+    out = dropout(x, p)
+    dropped = out == 0
+    cut = round(p * DROPOUT_LEVELS)
+    assert out.dtype == dtype and out.shape == x.shape
+    # every element kept is scaled by exactly 1 / (1 - the rounded p): the expected output is x
+    torch.testing.assert_close(out[~dropped], torch.full_like(out[~dropped], DROPOUT_LEVELS / (DROPOUT_LEVELS - cut)))
+    sd = (p * (1 - p) / x.numel()) ** 0.5
+    assert abs(dropped.double().mean().item() - p) < 5 * sd
+    # each element's 16 bits are its own: every lane of the 64-bit draws drops at the rate (the top lane too, which
+    # a plain random_() would leave non-negative, so that it never dropped)
+    for lane in range(4):
+        assert abs(dropped.flatten()[lane::4].double().mean().item() - p) < 10 * sd
+    # masks differ between calls, and between neighbours
+    assert not torch.equal(dropped, dropout(x, p) == 0)
+
+
+def test_dropout_gradient_is_the_mask_scaled():
+    x = torch.randn(4, 7, 9, requires_grad=True)
+    out = dropout(x, 0.3)
+    out.backward(torch.ones_like(out))
+    kept = out != 0
+    scale = DROPOUT_LEVELS / (DROPOUT_LEVELS - round(0.3 * DROPOUT_LEVELS))
+    torch.testing.assert_close(x.grad[kept], torch.full_like(x.grad[kept], scale))
+    assert torch.all(x.grad[~kept] == 0)
+
+
+def test_dropout_is_the_identity_outside_training_and_repeats_under_a_seed():
+    x = torch.randn(3, 5)
+    assert dropout(x, 0.5, training=False) is x and dropout(x, 0.0) is x
+    assert torch.all(dropout(x, 1.0) == 0)
+    layer = Dropout(0.5)
+    assert torch.equal(layer.eval()(x), x)
+    layer.train()
+    torch.manual_seed(3)
+    first = layer(x)
+    torch.manual_seed(3)
+    torch.testing.assert_close(layer(x), first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        Dropout(1.5)
 
 
 def test_rotary_positions_are_complex_rotations_by_position():
