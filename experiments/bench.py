@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 
-from classify.core import Encoder, MultiHeadAttention
+from classify.core import Dropout, Encoder, MultiHeadAttention
 from classify.engine.device import autocast, autocast_dtype, bf16_supported, grad_scaler, resolve_device, to_device
 from classify.engine.files import model_state, save_tensors, write_json, write_text
 from classify.engine.optim import build_optimizer, optimizer_step
@@ -223,6 +223,16 @@ def without_attention_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
+def with_torch_dropout(model: nn.Module) -> nn.Module:
+    """Our model with PyTorch's dropout kernel (``nn.Dropout``: a double drawn per element on a CPU) in place of
+    ``classify.core.Dropout`` (16 random bits per element): what the core's own dropout saves."""
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, Dropout):
+                setattr(module, name, nn.Dropout(child.p))
+    return model
+
+
 def classifier_config(sizes: Sizes, vocab_size: int, model: dict[str, Any] | None = None,
                       **overrides: Any) -> ClassifierConfig:
     """The benchmark's classifier: ``model`` sizes (default: classify.train's), positions for the longest length."""
@@ -306,6 +316,10 @@ def training_section(ctx: Context) -> list[dict[str, Any]]:
             torch.manual_seed(ctx.seed)
             trainers[f"ours_{precision}"] = Trainer(Classifier(config), ctx.device, ctx.dtype(precision))
             trainers[f"torch_{precision}"] = Trainer(torch_classifier(config), ctx.device, ctx.dtype(precision))
+            if label == "default":
+                torch.manual_seed(ctx.seed)
+                trainers[f"ours-torch-dropout_{precision}"] = Trainer(with_torch_dropout(Classifier(config)),
+                                                                      ctx.device, ctx.dtype(precision))
             if label == "default" and any(n in sizes.attn_dropout_lengths for n in lengths):
                 model = without_attention_dropout(Classifier(config))
                 trainers[f"ours-no-attn-dropout_{precision}"] = Trainer(model, ctx.device, ctx.dtype(precision))
@@ -340,6 +354,9 @@ def training_section(ctx: Context) -> list[dict[str, Any]]:
             ratios = {}
             for p in ctx.precisions:
                 ratios[f"ours/torch {p}"] = paired_ratio(samples[f"ours_{p}"], samples[f"torch_{p}"])
+                if f"ours-torch-dropout_{p}" in samples:
+                    ratios[f"our dropout/F.dropout {p}"] = paired_ratio(samples[f"ours_{p}"],
+                                                                        samples[f"ours-torch-dropout_{p}"])
                 if f"ours-no-attn-dropout_{p}" in samples:
                     ratios[f"no-attn-dropout/ours {p}"] = paired_ratio(samples[f"ours-no-attn-dropout_{p}"],
                                                                        samples[f"ours_{p}"])

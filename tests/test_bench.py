@@ -44,7 +44,8 @@ def test_every_section_reports_positive_numbers(results):
         assert entry["ratios"] and all(v > 0 for v in entry["ratios"].values())
         for arm in entry["arms"].values():
             assert arm["rate_median"] > 0 and arm["rounds"] == TINY.repeats and arm["mfu"] > 0
-    assert {"ours/torch fp32", "no-attn-dropout/ours fp32"} <= set(res["training"][-1]["ratios"])
+    assert {"ours/torch fp32", "no-attn-dropout/ours fp32", "our dropout/F.dropout fp32"} <= set(
+        res["training"][-1]["ratios"])
     assert all(p["epoch_minutes"] > 0 for p in res["epoch"]["pipelines"].values())
     assert set(res["epoch"]["speedup"]) == {"padded512_fp32", "bucketed_fp32"} or "bf16" not in res["peak_matmul"]
     assert all(v > 0 for v in res["inference"]["ratios"].values())
@@ -54,6 +55,19 @@ def test_every_section_reports_positive_numbers(results):
     assert all(p["step_s"] > 0 and (p["peak_mib"] is None or p["peak_mib"] >= 0) for p in res["scaling"]["points"])
     assert all(v > 0 for v in res["seq2seq"]["training"]["ratios"].values())
     assert all(v > 0 for v in res["seq2seq"]["generation"]["ratios"].values())
+
+
+def test_the_torch_dropout_arm_is_our_model_with_pytorch_dropout():
+    config = bench.classifier_config(TINY, 300)
+    model = bench.with_torch_dropout(bench.Classifier(config))
+    dropouts = [m for m in model.modules() if isinstance(m, (bench.Dropout, torch.nn.Dropout))]
+    assert dropouts and all(type(m) is torch.nn.Dropout and m.p == 0.1 for m in dropouts)
+    torch.manual_seed(0)
+    ours = bench.Classifier(config).eval()
+    torch.manual_seed(0)
+    theirs = bench.with_torch_dropout(bench.Classifier(config)).eval()
+    tokens = torch.randint(1, 300, (2, 9))
+    torch.testing.assert_close(ours(tokens), theirs(tokens), rtol=0, atol=0)   # the same model, in eval mode
 
 
 def test_torch_classifier_computes_the_same_function(results):
