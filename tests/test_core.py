@@ -183,7 +183,7 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(p, dtype):
     # a plain random_() would leave non-negative, so that it never dropped)
     for lane in range(4):
         assert abs(dropped.flatten()[lane::4].double().mean().item() - p) < 10 * sd
-    # masks differ between calls, and between neighbours
+    # a second call draws a new mask
     assert not torch.equal(dropped, dropout(x, p) == 0)
 
 
