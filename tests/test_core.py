@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from classify.core import (
@@ -15,6 +16,7 @@ from classify.core import (
     KVCache,
     MultiHeadAttention,
     RotaryEmbedding,
+    _sdpa,
     causal_mask,
     combine_masks,
     dropout,
@@ -167,6 +169,26 @@ def test_attention_dropout_only_in_training():
     torch.testing.assert_close(attn(x, x, x)[0], attn(x, x, x)[0])
 
 
+def test_cpu_bf16_attention_that_autograd_records_runs_in_fp32():
+    # PyTorch's bf16 SDPA backward is the slower one on a CPU: training computes bf16 attention in fp32, rounds
+    # its output back to bf16, and gets bf16 gradients; inference keeps the bf16 kernel.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, H, 40, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    mask = padding_mask(lengths_to_tokens([40, 25, 7]), 0)
+    out = _sdpa(q, k, v, mask, 0.0)
+    in_fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, in_fp32.bfloat16())
+    out.float().square().sum().backward()
+    reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    F.scaled_dot_product_attention(*reference, attn_mask=mask).square().sum().backward()
+    for x, ref in zip((q, k, v), reference):
+        assert x.grad.dtype == torch.bfloat16
+        torch.testing.assert_close(x.grad.float(), ref.grad, rtol=0.05, atol=0.05)
+    with torch.no_grad():
+        torch.testing.assert_close(_sdpa(q, k, v, mask, 0.0), F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                   rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_dropout_drops_at_its_rate_and_keeps_the_expectation(p, dtype):
@@ -210,6 +232,9 @@ def test_dropout_is_the_identity_outside_training_and_repeats_under_a_seed():
     torch.testing.assert_close(layer(x), first, rtol=0, atol=0)
     with pytest.raises(ValueError, match="between 0 and 1"):
         Dropout(1.5)
+    for p in (-0.1, 1.5):  # the function checks too, in training or not, rather than drop everything
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            dropout(x, p, training=False)
 
 
 def test_rotary_positions_are_complex_rotations_by_position():
