@@ -1,0 +1,137 @@
+"""Whether bf16 attention trains faster computed in fp32 on a CPU (twenty-seventh session, issue 23).
+
+PyTorch's CPU flash-attention kernel in bf16 has a slow backward at short lengths. This times, paired and
+interleaved (``benchtools.interleave``), two arms of ``F.scaled_dot_product_attention`` under bf16 autocast:
+``bf16`` (the core as it is) and ``fp32`` (queries, keys and values cast to fp32, the output rounded back), in
+  * one attention call, forward and backward, of random tensors (batch 32, the recipe's 4 heads of 32);
+  * one training step (forward, backward, clipping, AdamW) of the recipe's transformer (no n-gram branch), with
+    its initial weights and, with ``--run``, a trained run's weights: batches of 32 random token ids, a quarter
+    of each batch's rows padded over their last eighth.
+Result (experiments/RESULTS.md): the fp32 arm wins at short lengths and, with trained weights, loses at 256, so
+a training run with it trained fewer tokens than without; the core keeps bf16.
+
+    python -m experiments.attention_precision --run runs/imdb-v37-fp32attn-seed5 --threads 2 --record
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import classify.core as core
+from classify.engine.optim import build_optimizer
+from classify.inference import load_run
+from classify.models import RECIPE, Classifier, ClassifierConfig
+
+from . import add_results_args, results_folder
+from .benchtools import cpu_model, interleave, paired_ratio, summarize
+from .trainruns import experiment_meta, write_results
+
+BATCH, HEADS, HEAD_DIM = 32, 4, 32
+SDPA = F.scaled_dot_product_attention
+
+
+class _InFp32:
+    """``torch.nn.functional`` for ``classify.core``, except that SDPA of bf16 tensors runs in fp32."""
+
+    def __getattr__(self, name: str):
+        return self.sdpa if name == "scaled_dot_product_attention" else getattr(F, name)
+
+    @staticmethod
+    def sdpa(q, k, v, **kwargs):
+        with torch.autocast("cpu", enabled=False):
+            return SDPA(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+
+
+def _padding(length: int) -> torch.Tensor:
+    mask = torch.ones(BATCH, 1, 1, length, dtype=torch.bool)
+    mask[: BATCH // 4, :, :, length - length // 8:] = False
+    return mask
+
+
+def attention_arms(length: int, generator: torch.Generator) -> dict:
+    """Forward and backward of one attention call, bf16 against fp32 with the casts; work = 1 call."""
+    q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16().requires_grad_()
+               for _ in range(3))
+    mask, grad = _padding(length), torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16()
+
+    def arm(sdpa):
+        def call() -> float:
+            sdpa(q, k, v, attn_mask=mask).backward(grad)
+            return 1.0
+        return call
+    return {"bf16": arm(SDPA), "fp32": arm(_InFp32.sdpa)}
+
+
+def step_arms(model: Classifier, length: int, generator: torch.Generator) -> dict:
+    """One training step of ``model`` under bf16 autocast, with core's attention in bf16 or in fp32; work = 1."""
+    optimizer = build_optimizer(model, 1e-6, 0.01)  # a tiny rate: the weights stay what they were
+    tokens = torch.randint(1, model.config.vocab_size, (BATCH, length), generator=generator)
+    tokens[: BATCH // 4, length - length // 8:] = model.config.pad_id
+    targets = torch.rand(BATCH, model.config.num_classes, generator=generator).softmax(-1)
+
+    def arm(functional):
+        def call() -> float:
+            core.F = functional
+            try:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = model(tokens, ngram=False)
+                F.cross_entropy(logits.float(), targets).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            finally:
+                core.F = F
+            return 1.0
+        return call
+    return {"bf16": arm(F), "fp32": arm(_InFp32())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m experiments.attention_precision", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, help="a classifier run whose trained weights are timed too")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256, 512])
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per arm (ABBA order)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="attention_precision", help="the report's file name")
+    add_results_args(parser, "NAME.json and .md")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **{**RECIPE, "ngram_orders": 0}))}
+    if args.run:
+        models[f"weights of {args.run.name}"] = load_run(args.run, torch.device("cpu")).model
+    rows = []
+    for length in args.lengths:
+        cases = {"one attention call": attention_arms(length, generator)}
+        cases.update({f"training step, {name}": step_arms(model.train(), length, generator)
+                      for name, model in models.items()})
+        for case, arms in cases.items():
+            samples = interleave(arms, args.repeats, torch.device("cpu"))
+            times = summarize(samples)
+            rows.append({"case": case, "length": length, "bf16_ms": 1000 * times["bf16"]["seconds_median"],
+                         "fp32_ms": 1000 * times["fp32"]["seconds_median"],
+                         "fp32_speedup": paired_ratio(samples["fp32"], samples["bf16"])})
+    record = {**experiment_meta("experiments.attention_precision", argv), "cpu": cpu_model(),
+              "threads": args.threads, "torch": torch.__version__, "rows": rows}
+    lines = ["# bf16 attention computed in bf16 or in fp32, CPU training", "",
+             f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {args.threads} threads, "
+             f"bf16 {'on' if record['bf16'] else 'emulated'}, torch {record['torch']}. Batch {BATCH}, {HEADS} heads "
+             f"of {HEAD_DIM}; medians of {args.repeats} interleaved rounds; speed-up: the paired median of bf16 "
+             f"time / fp32 time (above 1: fp32 is faster).", "",
+             "| case | tokens | bf16 (ms) | fp32 with the casts (ms) | fp32 speed-up |", "|---|---|---|---|---|",
+             *(f"| {r['case']} | {r['length']} | {r['bf16_ms']:.1f} | {r['fp32_ms']:.1f} | {r['fp32_speedup']:.2f}x |"
+               for r in rows)]
+    write_results(results_folder(args), args.name, record, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
