@@ -47,17 +47,19 @@ class _InFp32:
             return SDPA(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
 
 
-def _padding(length: int) -> torch.Tensor:
-    mask = torch.ones(BATCH, 1, 1, length, dtype=torch.bool)
-    mask[: BATCH // 4, :, :, length - length // 8:] = False
-    return mask
+def _padded_tokens(length: int, vocab_size: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
+    """(BATCH, length) random token ids, a quarter of the rows padded over their last eighth."""
+    tokens = torch.randint(1, vocab_size, (BATCH, length), generator=generator)
+    tokens[: BATCH // 4, length - length // 8:] = pad_id
+    return tokens
 
 
 def attention_arms(length: int, generator: torch.Generator) -> dict:
     """Forward and backward of one attention call, bf16 against fp32 with the casts; work = 1 call."""
     q, k, v = (torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16().requires_grad_()
                for _ in range(3))
-    mask, grad = _padding(length), torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16()
+    mask = core.padding_mask(_padded_tokens(length, 2, 0, generator), 0)  # (BATCH, 1, 1, length)
+    grad = torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16()
 
     def arm(sdpa):
         def call() -> float:
@@ -70,8 +72,7 @@ def attention_arms(length: int, generator: torch.Generator) -> dict:
 def step_arms(model: Classifier, length: int, generator: torch.Generator) -> dict:
     """One training step of ``model`` under bf16 autocast, with core's attention in bf16 or in fp32; work = 1."""
     optimizer = build_optimizer(model, 1e-6, 0.01)  # a tiny rate: the weights stay what they were
-    tokens = torch.randint(1, model.config.vocab_size, (BATCH, length), generator=generator)
-    tokens[: BATCH // 4, length - length // 8:] = model.config.pad_id
+    tokens = _padded_tokens(length, model.config.vocab_size, model.config.pad_id, generator)
     targets = torch.rand(BATCH, model.config.num_classes, generator=generator).softmax(-1)
 
     def arm(functional):
