@@ -7,8 +7,10 @@ interleaved (``benchtools.interleave``), two arms of ``F.scaled_dot_product_atte
   * one training step (forward, backward, clipping, AdamW) of the recipe's transformer (no n-gram branch), with
     its initial weights and, with ``--run``, a trained run's weights: batches of 32 random token ids, a quarter
     of each batch's rows padded over their last eighth.
-Result (experiments/RESULTS.md): the fp32 arm wins at short lengths and, with trained weights, loses at 256, so
-a training run with it trained fewer tokens than without; the core keeps bf16.
+Result (experiments/RESULTS.md): the fp32 arm wins at short lengths and, with the weights of a run trained with
+fp32 attention, loses at 256, so a training run with it trained fewer tokens than without; the core keeps bf16. The
+loss is denormal numbers, which those weights make the fp32 softmax produce: with them flushed to zero before the
+thread pool starts (this module at commit 6973380, twenty-eighth session) the fp32 arm wins at every length.
 
     python -m experiments.attention_precision --run runs/imdb-v37-fp32attn-seed5 --threads 2 --record
 """
