@@ -210,7 +210,7 @@ class MultiHeadAttention(nn.Module):
                 # ONNX's Attention operator (opset 23, what the exporter makes of this call) wants the mask's
                 # query dimension spelled out; ONNX Runtime does not broadcast it. A view, no copy.
                 mask = mask.expand(*mask.shape[:-2], q.shape[-2], mask.shape[-1])
-            out = _sdpa(q, k, v, mask, dropout_p)  # (B, H, Tq, Dh)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, Tq, Dh)
             if empty_rows is not None:
                 out = out.masked_fill(empty_rows, 0.0)
 
@@ -223,25 +223,6 @@ def _capturing() -> bool:
     """Whether this call is being captured into a graph (torch.compile, torch.export, the ONNX exporters)
     rather than run eagerly."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
-    """``F.scaled_dot_product_attention`` of (B, H, Tq, Dh) queries and (B, H, Tk, Dh) keys and values.
-
-    On a CPU the backward of PyTorch's bf16 kernel is the slow one (PyTorch 2.13, Intel Xeon with AMX, 4 heads of
-    32, batch 32: one call, forward and backward, 2.9-4.8x slower than in fp32 at 32-160 tokens; one training step
-    of the recipe's transformer 1.28-1.51x faster in fp32 there, 1.1x at 256, 1.0x at 512;
-    ``experiments.attention_precision``). So where autograd takes the backward, bf16 attention is computed in fp32
-    and its output rounded back; inference keeps bf16, whose forward is the faster one. The fp32 kernel is only
-    this fast with denormal numbers flushed to zero (``engine.config.runtime`` flushes them): weights trained this
-    way make its softmax underflow into denormals, which without the flush made a step at 512 tokens 1.4x slower.
-    """
-    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.requires_grad and torch.is_grad_enabled()
-            and not _capturing()):
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p)
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 # ------------------------------------------------------------------------- dropout

@@ -1,17 +1,16 @@
-"""Whether bf16 attention trains faster computed in fp32 on a CPU (twenty-seventh and twenty-eighth sessions, issue 23).
+"""Whether bf16 attention trains faster computed in fp32 on a CPU (twenty-seventh session, issue 23).
 
 PyTorch's CPU flash-attention kernel in bf16 has a slow backward at short lengths. This times, paired and
-interleaved (``benchtools.interleave``), two ways of computing ``classify.core``'s bf16 attention under bf16
-autocast: ``bf16`` (PyTorch's bf16 kernel) and ``fp32`` (queries, keys and values cast to fp32, the output rounded
-back), in
+interleaved (``benchtools.interleave``), two arms of ``F.scaled_dot_product_attention`` under bf16 autocast:
+``bf16`` (the core as it is) and ``fp32`` (queries, keys and values cast to fp32, the output rounded back), in
   * one attention call, forward and backward, of random tensors (batch 32, the recipe's 4 heads of 32);
   * one training step (forward, backward, clipping, AdamW) of the recipe's transformer (no n-gram branch), with
     its initial weights and, with ``--run``, a trained run's weights: batches of 32 random token ids, a quarter
     of each batch's rows padded over their last eighth.
-Denormal numbers are flushed to zero first, as ``classify.engine.config.runtime`` does for every command;
-``--keep-denormals`` leaves them, as the twenty-seventh session's measurement did. Result (experiments/RESULTS.md):
-the fp32 arm is the faster one at every length once denormals are flushed; without the flush, weights trained with
-fp32 attention made its softmax underflow into denormals and the fp32 arm the slower one on long reviews.
+Result (experiments/RESULTS.md): the fp32 arm wins at short lengths and, with the weights of a run trained with
+fp32 attention, loses at 256, so a training run with it trained fewer tokens than without; the core keeps bf16. The
+loss is denormal numbers, which those weights make the fp32 softmax produce: with them flushed to zero before the
+thread pool starts (this module at commit 6973380, twenty-eighth session) the fp32 arm wins at every length.
 
     python -m experiments.attention_precision --run runs/imdb-v37-fp32attn-seed5 --threads 2 --record
 """
@@ -35,21 +34,19 @@ from .benchtools import cpu_model, interleave, paired_ratio, summarize
 from .trainruns import experiment_meta, write_results
 
 BATCH, HEADS, HEAD_DIM = 32, 4, 32
+SDPA = F.scaled_dot_product_attention
 
 
-def in_bf16(q, k, v, mask=None, dropout_p=0.0):
-    """PyTorch's kernel in the tensors' own precision: (B, H, Tq, Dh) queries, (B, H, Tk, Dh) keys and values."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+class _InFp32:
+    """``torch.nn.functional`` for ``classify.core``, except that SDPA of bf16 tensors runs in fp32."""
 
+    def __getattr__(self, name: str):
+        return self.sdpa if name == "scaled_dot_product_attention" else getattr(F, name)
 
-def in_fp32(q, k, v, mask=None, dropout_p=0.0):
-    """The same attention of bf16 tensors computed in fp32, the output rounded back to bf16."""
-    with torch.autocast("cpu", enabled=False):
-        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                              dropout_p=dropout_p).to(q.dtype)
-
-
-ARMS = {"bf16": in_bf16, "fp32": in_fp32}
+    @staticmethod
+    def sdpa(q, k, v, **kwargs):
+        with torch.autocast("cpu", enabled=False):
+            return SDPA(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
 
 
 def _padded_tokens(length: int, vocab_size: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
@@ -68,22 +65,21 @@ def attention_arms(length: int, generator: torch.Generator) -> dict:
 
     def arm(sdpa):
         def call() -> float:
-            sdpa(q, k, v, mask).backward(grad)
+            sdpa(q, k, v, attn_mask=mask).backward(grad)
             return 1.0
         return call
-    return {name: arm(sdpa) for name, sdpa in ARMS.items()}
+    return {"bf16": arm(SDPA), "fp32": arm(_InFp32.sdpa)}
 
 
 def step_arms(model: Classifier, length: int, generator: torch.Generator) -> dict:
-    """One training step of ``model`` under bf16 autocast, with the core's attention in bf16 or in fp32 at every
-    length (``core._sdpa`` replaced for the step); work = 1."""
+    """One training step of ``model`` under bf16 autocast, with core's attention in bf16 or in fp32; work = 1."""
     optimizer = build_optimizer(model, 1e-6, 0.01)  # a tiny rate: the weights stay what they were
     tokens = _padded_tokens(length, model.config.vocab_size, model.config.pad_id, generator)
     targets = torch.rand(BATCH, model.config.num_classes, generator=generator).softmax(-1)
 
-    def arm(sdpa):
+    def arm(functional):
         def call() -> float:
-            shipped, core._sdpa = core._sdpa, sdpa
+            core.F = functional
             try:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     logits = model(tokens, ngram=False)
@@ -92,10 +88,10 @@ def step_arms(model: Classifier, length: int, generator: torch.Generator) -> dic
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             finally:
-                core._sdpa = shipped
+                core.F = F
             return 1.0
         return call
-    return {name: arm(sdpa) for name, sdpa in ARMS.items()}
+    return {"bf16": arm(F), "fp32": arm(_InFp32())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,13 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds per arm (ABBA order)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--keep-denormals", action="store_true",
-                        help="do not flush denormal numbers to zero (classify's commands flush them)")
     parser.add_argument("--name", default="attention_precision", help="the report's file name")
     add_results_args(parser, "NAME.json and .md")
     args = parser.parse_args(argv)
-    # Before the first parallel region: the thread pool inherits the main thread's floating-point state.
-    torch.set_flush_denormal(not args.keep_denormals)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -131,12 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                          "fp32_ms": 1000 * times["fp32"]["seconds_median"],
                          "fp32_speedup": paired_ratio(samples["fp32"], samples["bf16"])})
     record = {**experiment_meta("experiments.attention_precision", argv), "cpu": cpu_model(),
-              "threads": args.threads, "denormals": "kept" if args.keep_denormals else "flushed to zero",
-              "torch": torch.__version__, "rows": rows}
+              "threads": args.threads, "torch": torch.__version__, "rows": rows}
     lines = ["# bf16 attention computed in bf16 or in fp32, CPU training", "",
              f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {args.threads} threads, "
-             f"bf16 {'on' if record['bf16'] else 'emulated'}, denormals {record['denormals']}, torch {record['torch']}. "
-             f"Batch {BATCH}, {HEADS} heads "
+             f"bf16 {'on' if record['bf16'] else 'emulated'}, torch {record['torch']}. Batch {BATCH}, {HEADS} heads "
              f"of {HEAD_DIM}; medians of {args.repeats} interleaved rounds; speed-up: the paired median of bf16 "
              f"time / fp32 time (above 1: fp32 is faster).", "",
              "| case | tokens | bf16 (ms) | fp32 with the casts (ms) | fp32 speed-up |", "|---|---|---|---|---|",

@@ -310,13 +310,11 @@ def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parqu
 def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_rounded(tmp_path):
     from experiments import attention_precision
 
-    shipped = attention_precision.core._sdpa
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 9, 8, generator=g).bfloat16() for _ in range(3))
-    in_fp32 = attention_precision.in_fp32(q, k, v)
+    in_fp32 = attention_precision._InFp32.sdpa(q, k, v)
     assert in_fp32.dtype == torch.bfloat16
     assert torch.equal(in_fp32, F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16())
-    assert torch.equal(attention_precision.in_bf16(q, k, v), F.scaled_dot_product_attention(q, k, v))
     assert attention_precision.main(["--lengths", "16", "24", "--repeats", "1", "--threads", "1",
                                      "--results", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "attention_precision.json").read_text())
@@ -325,4 +323,4 @@ def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_
         ("one attention call", 24), ("training step, initial weights", 24)]
     assert all(r["bf16_ms"] > 0 and r["fp32_ms"] > 0 and r["fp32_speedup"] > 0 for r in record["rows"])
     # the step arms leave the core's attention as it was
-    assert attention_precision.core._sdpa is shipped
+    assert attention_precision.core.F is F
