@@ -210,7 +210,7 @@ class MultiHeadAttention(nn.Module):
                 # ONNX's Attention operator (opset 23, what the exporter makes of this call) wants the mask's
                 # query dimension spelled out; ONNX Runtime does not broadcast it. A view, no copy.
                 mask = mask.expand(*mask.shape[:-2], q.shape[-2], mask.shape[-1])
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, Tq, Dh)
+            out = _sdpa(q, k, v, mask, dropout_p)  # (B, H, Tq, Dh)
             if empty_rows is not None:
                 out = out.masked_fill(empty_rows, 0.0)
 
@@ -223,6 +223,29 @@ def _capturing() -> bool:
     """Whether this call is being captured into a graph (torch.compile, torch.export, the ONNX exporters)
     rather than run eagerly."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+# Up to this many keys, attention that autograd records on a CPU runs in fp32 even under bf16 autocast.
+FP32_TRAINING_KEYS = 128
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` of (B, H, Tq, Dh) queries and (B, H, Tk, Dh) keys and values.
+
+    On a CPU the backward of PyTorch's bf16 kernel is slow for short texts: one call, forward and backward, batch
+    32 of 4 heads of 32, took 4.9 ms at 16 keys and 22 ms at 128 in bf16, 0.5 and 5.8 ms in fp32 (torch 2.13,
+    2 threads; its forward is fast either way). Closing sentences, negation edits and contrast joins are most of
+    the recipe's batches, so where autograd takes the backward and there are at most ``FP32_TRAINING_KEYS`` keys,
+    bf16 attention is computed in fp32 and its output rounded back. Longer texts keep the bf16 kernel, which is
+    within 10% of fp32 there (experiments/RESULTS.md, twenty-eighth and twenty-ninth sessions), and inference keeps
+    it everywhere. fp32 is only that fast with denormal numbers flushed (``engine.config.runtime`` flushes them).
+    """
+    if (q.dtype == torch.bfloat16 and q.device.type == "cpu" and k.shape[-2] <= FP32_TRAINING_KEYS
+            and q.requires_grad and torch.is_grad_enabled() and not _capturing()):
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 # ------------------------------------------------------------------------- dropout

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
+# Devices with PyTorch's fused AdamW kernel (all three since torch 2.4; the project needs 2.13).
+FUSED_DEVICES = ("cpu", "cuda", "mps")
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
@@ -35,8 +37,12 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float,
         groups = [{"params": [p for p in g["params"] if scales[id(p)] == s], "weight_decay": g["weight_decay"],
                    "lr_scale": s}
                   for g in groups for s in sorted({scales[id(p)] for p in g["params"]}, reverse=True)]
-    fused = {"fused": True} if next(model.parameters()).device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, **fused)
+    # The fused kernel: one pass over each parameter instead of foreach's dozen. On a CPU that matters most: with the
+    # recipe's 3.8M-row embedding a step of AdamW took 14.8 ms foreach and 1.7 ms fused (2 threads), a quarter of a
+    # training step on short texts (experiments/RESULTS.md, twenty-ninth session). The same updates, to float
+    # rounding; the state (step, moments) loads either way, so runs resume across the change.
+    fused = next(model.parameters()).device.type in FUSED_DEVICES
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
 
 
 def lr_multiplier(step: int, warmup: int, total: int, schedule: str = "cosine", min_ratio: float = 0.0) -> float:
