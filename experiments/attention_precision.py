@@ -1,16 +1,19 @@
-"""Whether bf16 attention trains faster computed in fp32 on a CPU (twenty-seventh session, issue 23).
+"""Whether bf16 attention trains faster computed in fp32 on a CPU (twenty-seventh to twenty-ninth sessions, issue 23).
 
 PyTorch's CPU flash-attention kernel in bf16 has a slow backward at short lengths. This times, paired and
-interleaved (``benchtools.interleave``), two arms of ``F.scaled_dot_product_attention`` under bf16 autocast:
-``bf16`` (the core as it is) and ``fp32`` (queries, keys and values cast to fp32, the output rounded back), in
+interleaved (``benchtools.interleave``), two arms of the core's attention (``classify.core._sdpa``) under bf16
+autocast: ``bf16`` (the bf16 kernel at every length) and ``fp32`` (queries, keys and values cast to fp32, the output
+rounded back, at every length), in
   * one attention call, forward and backward, of random tensors (batch 32, the recipe's 4 heads of 32);
   * one training step (forward, backward, clipping, AdamW) of the recipe's transformer (no n-gram branch), with
     its initial weights and, with ``--run``, a trained run's weights: batches of 32 random token ids, a quarter
     of each batch's rows padded over their last eighth.
-Result (experiments/RESULTS.md): the fp32 arm wins at short lengths and, with the weights of a run trained with
-fp32 attention, loses at 256, so a training run with it trained fewer tokens than without; the core keeps bf16. The
-loss is denormal numbers, which those weights make the fp32 softmax produce: with them flushed to zero before the
-thread pool starts (this module at commit 6973380, twenty-eighth session) the fp32 arm wins at every length.
+Denormal numbers are flushed to zero first (unless ``--keep-denormals``), as every command of the project does
+(``engine.config.runtime``).
+Result (experiments/RESULTS.md): the fp32 arm wins at short lengths; unflushed, with the weights of a run trained with
+fp32 attention, it lost at 256 (denormals, which those weights make the fp32 softmax produce; twenty-eighth session,
+``--keep-denormals``). The core computes training attention in fp32 up to
+``classify.core.FP32_TRAINING_KEYS`` keys (twenty-ninth session).
 
     python -m experiments.attention_precision --run runs/imdb-v37-fp32attn-seed5 --threads 2 --record
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,19 +38,22 @@ from .benchtools import cpu_model, interleave, paired_ratio, summarize
 from .trainruns import experiment_meta, write_results
 
 BATCH, HEADS, HEAD_DIM = 32, 4, 32
-SDPA = F.scaled_dot_product_attention
 
 
-class _InFp32:
-    """``torch.nn.functional`` for ``classify.core``, except that SDPA of bf16 tensors runs in fp32."""
+@contextmanager
+def fp32_attention_up_to(keys: int):
+    """The core computes bf16 attention that autograd records on a CPU in fp32 up to ``keys`` keys (0: never, as
+    before the twenty-ninth session; ``ALWAYS``: at every length) inside the block; its own bound after it."""
+    shipped = core.FP32_TRAINING_KEYS
+    core.FP32_TRAINING_KEYS = keys
+    try:
+        yield
+    finally:
+        core.FP32_TRAINING_KEYS = shipped
 
-    def __getattr__(self, name: str):
-        return self.sdpa if name == "scaled_dot_product_attention" else getattr(F, name)
 
-    @staticmethod
-    def sdpa(q, k, v, **kwargs):
-        with torch.autocast("cpu", enabled=False):
-            return SDPA(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
+ALWAYS = 1 << 30
+ARMS = {"bf16": 0, "fp32": ALWAYS}  # arm -> the keys up to which attention runs in fp32
 
 
 def _padded_tokens(length: int, vocab_size: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
@@ -63,35 +70,35 @@ def attention_arms(length: int, generator: torch.Generator) -> dict:
     mask = core.padding_mask(_padded_tokens(length, 2, 0, generator), 0)  # (BATCH, 1, 1, length)
     grad = torch.randn(BATCH, HEADS, length, HEAD_DIM, generator=generator).bfloat16()
 
-    def arm(sdpa):
+    def arm(keys: int):
         def call() -> float:
-            sdpa(q, k, v, attn_mask=mask).backward(grad)
+            with fp32_attention_up_to(keys):
+                core._sdpa(q, k, v, mask, 0.0).backward(grad)
             return 1.0
         return call
-    return {"bf16": arm(SDPA), "fp32": arm(_InFp32.sdpa)}
+    return {name: arm(keys) for name, keys in ARMS.items()}
 
 
-def step_arms(model: Classifier, length: int, generator: torch.Generator) -> dict:
-    """One training step of ``model`` under bf16 autocast, with core's attention in bf16 or in fp32; work = 1."""
-    optimizer = build_optimizer(model, 1e-6, 0.01)  # a tiny rate: the weights stay what they were
+def step_arms(model: Classifier, length: int, generator: torch.Generator, arms: dict[str, int] = ARMS,
+              optimizers: dict[str, torch.optim.Optimizer] | None = None) -> dict:
+    """One training step of ``model`` under bf16 autocast per arm, with the core's attention in fp32 up to the arm's
+    keys (``arms``: name -> keys) and the arm's optimizer (``optimizers``; default: the project's, one per arm, at a
+    tiny rate so that the weights stay what they were); work = 1."""
+    optimizers = optimizers or {name: build_optimizer(model, 1e-6, 0.01) for name in arms}
     tokens = _padded_tokens(length, model.config.vocab_size, model.config.pad_id, generator)
     targets = torch.rand(BATCH, model.config.num_classes, generator=generator).softmax(-1)
 
-    def arm(functional):
+    def arm(keys: int, optimizer: torch.optim.Optimizer):
         def call() -> float:
-            core.F = functional
-            try:
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = model(tokens, ngram=False)
-                F.cross_entropy(logits.float(), targets).backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            finally:
-                core.F = F
+            with fp32_attention_up_to(keys), torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(tokens, ngram=False)
+            F.cross_entropy(logits.float(), targets).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             return 1.0
         return call
-    return {"bf16": arm(F), "fp32": arm(_InFp32())}
+    return {name: arm(keys, optimizers[name]) for name, keys in arms.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256, 512])
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds per arm (ABBA order)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-denormals", action="store_true",
+                        help="do not flush denormal numbers to zero (classify's commands flush them)")
     parser.add_argument("--name", default="attention_precision", help="the report's file name")
     add_results_args(parser, "NAME.json and .md")
     args = parser.parse_args(argv)
+    # Before the first parallel region: the thread pool inherits the main thread's floating-point state.
+    torch.set_flush_denormal(not args.keep_denormals)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -123,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
                          "fp32_ms": 1000 * times["fp32"]["seconds_median"],
                          "fp32_speedup": paired_ratio(samples["fp32"], samples["bf16"])})
     record = {**experiment_meta("experiments.attention_precision", argv), "cpu": cpu_model(),
-              "threads": args.threads, "torch": torch.__version__, "rows": rows}
+              "threads": args.threads, "denormals": "kept" if args.keep_denormals else "flushed to zero",
+              "torch": torch.__version__, "rows": rows}
     lines = ["# bf16 attention computed in bf16 or in fp32, CPU training", "",
              f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {args.threads} threads, "
-             f"bf16 {'on' if record['bf16'] else 'emulated'}, torch {record['torch']}. Batch {BATCH}, {HEADS} heads "
-             f"of {HEAD_DIM}; medians of {args.repeats} interleaved rounds; speed-up: the paired median of bf16 "
-             f"time / fp32 time (above 1: fp32 is faster).", "",
+             f"bf16 {'on' if record['bf16'] else 'emulated'}, denormals {record['denormals']}, "
+             f"torch {record['torch']}. Batch {BATCH}, {HEADS} heads of {HEAD_DIM}; medians of {args.repeats} "
+             f"interleaved rounds; speed-up: the paired median of bf16 time / fp32 time (above 1: fp32 is faster).", "",
              "| case | tokens | bf16 (ms) | fp32 with the casts (ms) | fp32 speed-up |", "|---|---|---|---|---|",
              *(f"| {r['case']} | {r['length']} | {r['bf16_ms']:.1f} | {r['fp32_ms']:.1f} | {r['fp32_speedup']:.2f}x |"
                for r in rows)]

@@ -2,10 +2,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from classify.core import (
     DROPOUT_LEVELS,
+    FP32_TRAINING_KEYS,
     Decoder,
     Dropout,
     DecoderBlock,
@@ -15,6 +17,7 @@ from classify.core import (
     KVCache,
     MultiHeadAttention,
     RotaryEmbedding,
+    _sdpa,
     causal_mask,
     combine_masks,
     dropout,
@@ -165,6 +168,29 @@ def test_attention_dropout_only_in_training():
     assert not torch.allclose(attn(x, x, x)[0], attn(x, x, x)[0])
     attn.eval()
     torch.testing.assert_close(attn(x, x, x)[0], attn(x, x, x)[0])
+
+
+def test_cpu_bf16_attention_that_autograd_records_on_short_texts_runs_in_fp32():
+    # PyTorch's bf16 SDPA backward is the slow one on a CPU for short texts: there training computes bf16
+    # attention in fp32, rounds its output back to bf16 and gets bf16 gradients. Longer texts, and inference at any
+    # length, keep the bf16 kernel.
+    g = torch.Generator().manual_seed(0)
+    for length in (40, FP32_TRAINING_KEYS, FP32_TRAINING_KEYS + 1, 300):
+        q, k, v = (torch.randn(3, H, length, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+        mask = padding_mask(lengths_to_tokens([length, length // 2, 7]), 0)
+        out = _sdpa(q, k, v, mask, 0.0)
+        fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask).bfloat16()
+        bf16 = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert not torch.equal(fp32, bf16)  # the two kernels round differently, so the check below can fail
+        assert out.dtype == torch.bfloat16 and torch.equal(out, fp32 if length <= FP32_TRAINING_KEYS else bf16)
+        out.float().square().sum().backward()
+        reference = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        F.scaled_dot_product_attention(*reference, attn_mask=mask).square().sum().backward()
+        for x, ref in zip((q, k, v), reference):
+            assert x.grad.dtype == torch.bfloat16
+            torch.testing.assert_close(x.grad.float(), ref.grad, rtol=0.05, atol=0.05)
+        with torch.no_grad():
+            assert torch.equal(_sdpa(q, k, v, mask, 0.0), bf16)
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

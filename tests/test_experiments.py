@@ -310,11 +310,17 @@ def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parqu
 def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_rounded(tmp_path):
     from experiments import attention_precision
 
+    core = attention_precision.core
+    shipped = core.FP32_TRAINING_KEYS
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 9, 8, generator=g).bfloat16() for _ in range(3))
-    in_fp32 = attention_precision._InFp32.sdpa(q, k, v)
-    assert in_fp32.dtype == torch.bfloat16
+    q, k, v = (torch.randn(2, 4, 300, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    with attention_precision.fp32_attention_up_to(attention_precision.ARMS["fp32"]):
+        in_fp32 = core._sdpa(q, k, v, None, 0.0)
+    with attention_precision.fp32_attention_up_to(attention_precision.ARMS["bf16"]):
+        in_bf16 = core._sdpa(q[..., :9, :], k[..., :9, :], v[..., :9, :], None, 0.0)
+    assert in_fp32.dtype == torch.bfloat16 and core.FP32_TRAINING_KEYS == shipped
     assert torch.equal(in_fp32, F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16())
+    assert torch.equal(in_bf16, F.scaled_dot_product_attention(q[..., :9, :], k[..., :9, :], v[..., :9, :]))
     assert attention_precision.main(["--lengths", "16", "24", "--repeats", "1", "--threads", "1",
                                      "--results", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "attention_precision.json").read_text())
@@ -322,5 +328,19 @@ def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_
         ("one attention call", 16), ("training step, initial weights", 16),
         ("one attention call", 24), ("training step, initial weights", 24)]
     assert all(r["bf16_ms"] > 0 and r["fp32_ms"] > 0 and r["fp32_speedup"] > 0 for r in record["rows"])
-    # the step arms leave the core's attention as it was
-    assert attention_precision.core.F is F
+    assert core.FP32_TRAINING_KEYS == shipped  # the arms leave the core's bound as it was
+
+
+def test_step_speed_times_the_old_step_against_the_new(tmp_path):
+    from experiments import step_speed
+
+    model = step_speed.Classifier(step_speed.ClassifierConfig(vocab_size=50, d_model=16, num_heads=2))
+    arms = step_speed.optimizers(model)
+    assert not arms["before"].defaults["fused"] and arms["now"].defaults["fused"]
+    assert [g["params"] for g in arms["before"].param_groups] == [g["params"] for g in arms["now"].param_groups]
+    shipped = step_speed.core.FP32_TRAINING_KEYS
+    assert step_speed.main(["--lengths", "16", "--repeats", "1", "--threads", "1", "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "step_speed.json").read_text())
+    assert [(r["weights"], r["length"]) for r in record["rows"]] == [("initial weights", 16)]
+    assert all(r["before_ms"] > 0 and r["now_ms"] > 0 and r["speedup"] > 0 for r in record["rows"])
+    assert record["fp32_training_keys"] == shipped == step_speed.core.FP32_TRAINING_KEYS
