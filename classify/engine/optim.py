@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 SCHEDULES = ("cosine", "linear", "constant", "inverse_sqrt")
-# Devices with PyTorch's fused AdamW kernel (all three since torch 2.4; the project needs 2.13).
+# Devices with a fused AdamW kernel in torch 2.13, the project's floor.
 FUSED_DEVICES = ("cpu", "cuda", "mps")
 
 
