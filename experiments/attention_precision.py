@@ -101,6 +101,35 @@ def step_arms(model: Classifier, length: int, generator: torch.Generator, arms: 
     return {name: arm(keys, optimizers[name]) for name, keys in arms.items()}
 
 
+def models_to_time(run: Path | None) -> dict[str, Classifier]:
+    """The recipe's transformer (no n-gram branch) with its initial weights (seed 0) and, given ``run``, with that
+    run's trained weights."""
+    torch.manual_seed(0)
+    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **{**RECIPE, "ngram_orders": 0}))}
+    if run:
+        models[f"weights of {run.name}"] = load_run(run, torch.device("cpu")).model
+    return models
+
+
+def paired_times(arms: dict, repeats: int, base: str, other: str) -> tuple[float, float, float]:
+    """Times two arms interleaved: (``base``'s median ms, ``other``'s, the paired speed-up of ``other``)."""
+    samples = interleave(arms, repeats, torch.device("cpu"))
+    times = summarize(samples)
+    return (1000 * times[base]["seconds_median"], 1000 * times[other]["seconds_median"],
+            paired_ratio(samples[other], samples[base]))
+
+
+def table_report(title: str, record: dict, setup: str, columns: list[str], cells: list[list]) -> str:
+    """A timing report in markdown: the title, the command and machine of ``record`` followed by ``setup``, and a
+    table of ``cells`` under ``columns``."""
+    return "\n".join([
+        f"# {title}", "",
+        f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {record['threads']} threads, "
+        f"bf16 {'on' if record['bf16'] else 'emulated'}, {setup}", "",
+        "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+        *("| " + " | ".join(map(str, row)) + " |" for row in cells)]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m experiments.attention_precision", description=__doc__,
@@ -118,33 +147,28 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(not args.keep_denormals)
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **{**RECIPE, "ngram_orders": 0}))}
-    if args.run:
-        models[f"weights of {args.run.name}"] = load_run(args.run, torch.device("cpu")).model
+    models = models_to_time(args.run)
     rows = []
     for length in args.lengths:
         cases = {"one attention call": attention_arms(length, generator)}
         cases.update({f"training step, {name}": step_arms(model.train(), length, generator)
                       for name, model in models.items()})
         for case, arms in cases.items():
-            samples = interleave(arms, args.repeats, torch.device("cpu"))
-            times = summarize(samples)
-            rows.append({"case": case, "length": length, "bf16_ms": 1000 * times["bf16"]["seconds_median"],
-                         "fp32_ms": 1000 * times["fp32"]["seconds_median"],
-                         "fp32_speedup": paired_ratio(samples["fp32"], samples["bf16"])})
+            bf16_ms, fp32_ms, speedup = paired_times(arms, args.repeats, "bf16", "fp32")
+            rows.append({"case": case, "length": length, "bf16_ms": bf16_ms, "fp32_ms": fp32_ms,
+                         "fp32_speedup": speedup})
     record = {**experiment_meta("experiments.attention_precision", argv), "cpu": cpu_model(),
               "threads": args.threads, "denormals": "kept" if args.keep_denormals else "flushed to zero",
               "torch": torch.__version__, "rows": rows}
-    lines = ["# bf16 attention computed in bf16 or in fp32, CPU training", "",
-             f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {args.threads} threads, "
-             f"bf16 {'on' if record['bf16'] else 'emulated'}, denormals {record['denormals']}, "
-             f"torch {record['torch']}. Batch {BATCH}, {HEADS} heads of {HEAD_DIM}; medians of {args.repeats} "
-             f"interleaved rounds; speed-up: the paired median of bf16 time / fp32 time (above 1: fp32 is faster).", "",
-             "| case | tokens | bf16 (ms) | fp32 with the casts (ms) | fp32 speed-up |", "|---|---|---|---|---|",
-             *(f"| {r['case']} | {r['length']} | {r['bf16_ms']:.1f} | {r['fp32_ms']:.1f} | {r['fp32_speedup']:.2f}x |"
-               for r in rows)]
-    write_results(results_folder(args), args.name, record, "\n".join(lines) + "\n")
+    report = table_report(
+        "bf16 attention computed in bf16 or in fp32, CPU training", record,
+        f"denormals {record['denormals']}, torch {record['torch']}. Batch {BATCH}, {HEADS} heads of {HEAD_DIM}; "
+        f"medians of {args.repeats} interleaved rounds; speed-up: the paired median of bf16 time / fp32 time "
+        f"(above 1: fp32 is faster).",
+        ["case", "tokens", "bf16 (ms)", "fp32 with the casts (ms)", "fp32 speed-up"],
+        [[r["case"], r["length"], f"{r['bf16_ms']:.1f}", f"{r['fp32_ms']:.1f}", f"{r['fp32_speedup']:.2f}x"]
+         for r in rows])
+    write_results(results_folder(args), args.name, record, report)
     return 0
 
 

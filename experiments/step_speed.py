@@ -24,12 +24,11 @@ import torch
 
 import classify.core as core
 from classify.engine.optim import build_optimizer
-from classify.inference import load_run
-from classify.models import RECIPE, Classifier, ClassifierConfig
+from classify.models import Classifier
 
 from . import add_results_args, results_folder
-from .attention_precision import step_arms
-from .benchtools import cpu_model, interleave, paired_ratio, summarize
+from .attention_precision import models_to_time, paired_times, step_arms, table_report
+from .benchtools import cpu_model
 from .trainruns import experiment_meta, write_results
 
 
@@ -55,32 +54,26 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)  # before the first parallel region: the thread pool inherits it
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **{**RECIPE, "ngram_orders": 0}))}
-    if args.run:
-        models[f"weights of {args.run.name}"] = load_run(args.run, torch.device("cpu")).model
+    models = models_to_time(args.run)
     arms = {"before": 0, "now": core.FP32_TRAINING_KEYS}
     rows = []
     for length in args.lengths:
         for name, model in models.items():
-            samples = interleave(step_arms(model.train(), length, generator, arms, optimizers(model)), args.repeats,
-                                 torch.device("cpu"))
-            times = summarize(samples)
-            rows.append({"weights": name, "length": length, "before_ms": 1000 * times["before"]["seconds_median"],
-                         "now_ms": 1000 * times["now"]["seconds_median"],
-                         "speedup": paired_ratio(samples["now"], samples["before"])})
+            steps = step_arms(model.train(), length, generator, arms, optimizers(model))
+            before_ms, now_ms, speedup = paired_times(steps, args.repeats, "before", "now")
+            rows.append({"weights": name, "length": length, "before_ms": before_ms, "now_ms": now_ms,
+                         "speedup": speedup})
     record = {**experiment_meta("experiments.step_speed", argv), "cpu": cpu_model(), "threads": args.threads,
               "torch": torch.__version__, "fp32_training_keys": core.FP32_TRAINING_KEYS, "rows": rows}
-    lines = ["# A CPU training step before and after the twenty-ninth session", "",
-             f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {args.threads} threads, "
-             f"bf16 {'on' if record['bf16'] else 'emulated'}, denormals flushed, torch {record['torch']}. One training "
-             f"step of the recipe's transformer, batch 32; before: foreach AdamW, bf16 attention; now: fused AdamW, "
-             f"fp32 attention up to {core.FP32_TRAINING_KEYS} keys. Medians of {args.repeats} interleaved rounds; "
-             f"speed-up: the paired median of before / now.", "",
-             "| weights | tokens | before (ms) | now (ms) | speed-up |", "|---|---|---|---|---|",
-             *(f"| {r['weights']} | {r['length']} | {r['before_ms']:.1f} | {r['now_ms']:.1f} | {r['speedup']:.2f}x |"
-               for r in rows)]
-    write_results(results_folder(args), args.name, record, "\n".join(lines) + "\n")
+    report = table_report(
+        "A CPU training step before and after the twenty-ninth session", record,
+        f"denormals flushed, torch {record['torch']}. One training step of the recipe's transformer, batch 32; "
+        f"before: foreach AdamW, bf16 attention; now: fused AdamW, fp32 attention up to {core.FP32_TRAINING_KEYS} "
+        f"keys. Medians of {args.repeats} interleaved rounds; speed-up: the paired median of before / now.",
+        ["weights", "tokens", "before (ms)", "now (ms)", "speed-up"],
+        [[r["weights"], r["length"], f"{r['before_ms']:.1f}", f"{r['now_ms']:.1f}", f"{r['speedup']:.2f}x"]
+         for r in rows])
+    write_results(results_folder(args), args.name, record, report)
     return 0
 
 

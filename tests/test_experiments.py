@@ -332,9 +332,10 @@ def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_
 
 
 def test_step_speed_times_the_old_step_against_the_new(tmp_path):
+    from classify.models import Classifier
     from experiments import step_speed
 
-    model = step_speed.Classifier(step_speed.ClassifierConfig(vocab_size=50, d_model=16, num_heads=2))
+    model = Classifier(vocab_size=50, d_model=16, num_heads=2)
     arms = step_speed.optimizers(model)
     assert not arms["before"].defaults["fused"] and arms["now"].defaults["fused"]
     assert [g["params"] for g in arms["before"].param_groups] == [g["params"] for g in arms["now"].param_groups]
