@@ -28,7 +28,7 @@ from rich.console import Console
 
 from .backends import TorchBackend, batched_branches, batched_transformer
 from .engine.config import (HelpFormatter, ReviewRunConfig, add_flags, add_run_folder_args, decay, fraction,
-                             from_args, positive, setting)
+                             from_args, non_negative, positive, setting)
 from .engine import distributed
 from .engine.device import peak_memory
 from .engine.files import load_model_weights
@@ -147,6 +147,12 @@ class TrainConfig(ReviewRunConfig):
                                               "minute on IMDB)", check=positive)
     counterfactual_repeat: int = setting(4, "times each counterfactual text is seen per epoch by the transformer (the "
                                             "n-gram branch is fitted on them once)", check=positive)
+    counterfactual_pair_weight: float = setting(0.0, "train the two texts of each counterfactual pair in the same "
+                                                     "batch, and add this weight times a margin on their difference "
+                                                     "to the loss: how much more the original leans to its label than "
+                                                     "the revision does, which what they share cannot change "
+                                                     "(ClassificationTask.pair_loss); 0: each text on its own. A pair "
+                                                     "counts once against --max-tokens", check=non_negative)
     negation_edit_repeat: int = setting(1, "times each negation edit and its sentence are seen per epoch by the "
                                            "transformer (the n-gram fits count them once, weighted)",
                                         check=positive)
@@ -160,8 +166,8 @@ class TrainConfig(ReviewRunConfig):
                                            "split", "ngram_c", "ngram_min_count", "pseudo_labels", "soft_labels",
                                            "ngram_refit", "short_texts", "closing_passages", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
-                                           "counterfactual", "counterfactual_repeat", "negation_edit_repeat",
-                                           "contrast_join_repeat")
+                                           "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
+                                           "negation_edit_repeat", "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -186,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "spelling", "counterfactual", "counterfactual_repeat", "short_texts", "closing_passages",
+                               "spelling", "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
+                               "short_texts", "closing_passages",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "contrast_joins", "contrast_join_repeat"],
               defaults={"data": default_source()})
@@ -283,19 +290,27 @@ class Validation:
 
 class ClassificationTask(Task):
     """Reviews -> labels by cross-entropy; what ships (the mix, with an n-gram branch), on whole reviews and short
-    texts alike, picks the best weights."""
+    texts alike, picks the best weights.
+
+    ``partner`` (paired training, --counterfactual-pair-weight): the first ``len(partner)`` texts are the examples
+    the sampler serves; text i's partner, a text after them with the opposite label, or -1. A pair is served as one
+    example of its longer text's length, both texts in the same batch, and adds ``pair_weight`` x ``pair_loss`` to
+    the batch's loss."""
 
     def __init__(self, model: Classifier, train_ids: list[TokenIds], train_labels: list[int] | np.ndarray,
-                 validation: Validation, config: TrainConfig, device: torch.device, dtype: torch.dtype | None):
+                 validation: Validation, config: TrainConfig, device: torch.device, dtype: torch.dtype | None,
+                 partner: np.ndarray | None = None):
         fixed = config.batching == "fixed"  # the naive pipeline: random batches padded to max_len
         self.model = model
-        self.lengths = [len(x) for x in train_ids]
+        served = len(train_ids) if partner is None else len(partner)
+        self.lengths = [len(train_ids[i]) if partner is None or partner[i] < 0 else
+                        max(len(train_ids[i]), len(train_ids[partner[i]])) for i in range(served)]
         self.batch_size, self.max_tokens = config.batch_size, config.max_tokens
         self.pool_batches = 1 if fixed else 50  # a pool of one batch sorts nothing that matters
         self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None,
-                               model.config.max_len)
+                               model.config.max_len, partner)
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
-        self.label_smoothing = config.label_smoothing
+        self.label_smoothing, self.pair_weight = config.label_smoothing, config.counterfactual_pair_weight
         self.validation, self.device, self.dtype = validation, device, dtype
 
     def loss(self, model, batch):
@@ -304,12 +319,18 @@ class ClassificationTask(Task):
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         n = len(labels)
         classes = labels if labels.dim() == 1 else labels.argmax(-1)
-        return loss, {"loss": float(loss.detach()) * n, "correct": float((logits.argmax(-1) == classes).sum()),
-                      "examples": n, "tokens": float((batch["tokens"] != self.model.config.pad_id).sum())}
+        sums = {"loss": float(loss.detach()) * n, "correct": float((logits.argmax(-1) == classes).sum()),
+                "examples": n, "tokens": float((batch["tokens"] != self.model.config.pad_id).sum())}
+        if "pairs" in batch:   # summed, over the batch's texts: at weight 1 a pair's margin counts as one text does
+            pairs = pair_loss(logits.float(), classes, batch["pairs"])
+            loss = loss + self.pair_weight * pairs.sum() / n
+            sums.update(pair_loss=float(pairs.detach().sum()), pairs=len(pairs))
+        return loss, sums
 
     def train_metrics(self, sums):
-        n = sums["examples"]
-        return {"train_loss": sums["loss"] / n if n else None, "train_accuracy": sums["correct"] / n if n else None}
+        n, pairs = sums["examples"], sums.get("pairs")
+        return {"train_loss": sums["loss"] / n if n else None, "train_accuracy": sums["correct"] / n if n else None,
+                **({"train_pair_loss": sums["pair_loss"] / pairs if pairs else None} if "pairs" in sums else {})}
 
     def validate(self, model):
         v = self.validation
@@ -324,6 +345,18 @@ class ClassificationTask(Task):
         values = [metrics.get(Validation.key(system, group)) for group in Validation.GROUPS]
         values = [v for v in values if v is not None]
         return sum(values) / len(values)
+
+
+def pair_loss(logits: torch.Tensor, classes: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """The margin of each pair: logits (B, C), classes (B,), pairs (P, 2) rows (a, b) of two texts with different
+    classes -> (P,) softplus(-d), d = (z_a[y_a] - z_a[y_b]) - (z_b[y_a] - z_b[y_b]): how much more text a leans to
+    its own class than text b does. What the two texts share adds the same to both sides and cancels, so the
+    gradient reaches the words that differ (an edited review against the review it was edited from), where
+    each text's own cross-entropy also pulls on what they share."""
+    a, b = pairs.unbind(-1)
+    both = torch.stack([classes[a], classes[b]], 1)                  # (P, 2): y_a, y_b
+    lean_a, lean_b = logits[a].gather(1, both), logits[b].gather(1, both)  # (P, 2): z[y_a], z[y_b] of each text
+    return F.softplus(-((lean_a[:, 0] - lean_a[:, 1]) - (lean_b[:, 0] - lean_b[:, 1])))
 
 
 def transformer_logits(model: Classifier, ids: list[TokenIds], device, dtype, batch_size: int,
@@ -500,9 +533,20 @@ def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: lis
     that review's target."""
     cuts = [(i, cut(ids[i])) for i in rows]
     rows, windows = [i for i, w in cuts if w is not None], [w for _, w in cuts if w is not None]
-    if isinstance(targets, np.ndarray):
-        return ids + windows, np.concatenate([targets, targets[rows]])
-    return ids + windows, targets + [targets[i] for i in rows]
+    return appended(ids, targets, windows, targets[rows] if isinstance(targets, np.ndarray) else
+                    [targets[i] for i in rows])
+
+
+def appended(ids: list[TokenIds], targets: list[int] | np.ndarray, more_ids: list[TokenIds],
+             more: list[int] | np.ndarray) -> tuple[list[TokenIds], list[int] | np.ndarray]:
+    """The training examples plus ``more_ids`` with targets ``more``: class ids, or (M, C) distributions when
+    ``targets`` are distributions (class ids are then made one-hot)."""
+    if not isinstance(targets, np.ndarray):
+        return ids + more_ids, targets + list(more)
+    more = np.asarray(more)
+    if more.ndim == 1:
+        more = np.eye(targets.shape[1], dtype=targets.dtype)[more.astype(np.int64)].reshape(-1, targets.shape[1])
+    return ids + more_ids, np.concatenate([targets, more])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -582,8 +626,11 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
     # and the rule-made texts are repeated; windows (closing sentences, passages) are cut from the labelled and
     # pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels.
+    # With --counterfactual-pair-weight, the sampler serves a pair's original, and its revision comes with it.
+    paired = config.counterfactual_pair_weight > 0 and bool(counterfactual_ids)
+    served = len(counterfactual_ids) // 2 if paired else len(counterfactual_ids)   # the originals come first
     labelled_parts = [(train_ids, train_set.labels, 1),                  # (ids, labels, times per epoch)
-                      (counterfactual_ids, counterfactual.labels, config.counterfactual_repeat),
+                      (counterfactual_ids[:served], counterfactual.labels[:served], config.counterfactual_repeat),
                       (edit_ids, edits.labels, config.negation_edit_repeat),
                       (join_ids, joins.labels, config.contrast_join_repeat)]
     ids = [x for part, _, times in labelled_parts for x in part * times] + unlabelled_ids[: len(given)]
@@ -599,6 +646,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
             added[name] = len(ids) - before
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
+                   + (f" (in pairs, margin weight {config.counterfactual_pair_weight})" if paired else "")
                    if counterfactual_ids else "")
                 + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
                    if edit_ids else "")
@@ -607,7 +655,14 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in added.items())
                 + f"; peak memory {peak_memory()}")
-    task = ClassificationTask(model, ids, targets, validation, config, device, dtype)
+    partner = None
+    if paired:   # each copy of an original -> its revision, appended once after everything the sampler serves
+        partner = np.full(len(ids), -1, dtype=np.int64)
+        first = len(train_ids)
+        for copy in range(config.counterfactual_repeat):
+            partner[first + copy * served: first + (copy + 1) * served] = len(ids) + np.arange(served)
+        ids, targets = appended(ids, targets, counterfactual_ids[served:], counterfactual.labels[served:])
+    task = ClassificationTask(model, ids, targets, validation, config, device, dtype, partner)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
     if result.interrupted:
         return 130

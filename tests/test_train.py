@@ -1,6 +1,7 @@
 """python -m classify.train end to end: run folder, Ctrl-C, atomic writes, errors (kill-and-resume: test_loop.py)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from classify.text.data import normalize, training_split
 from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS, closing_passage, closing_sentence
-from classify.train import (ClassificationTask, TrainConfig, Validation, main, rule_made_examples,
+from classify.train import (ClassificationTask, TrainConfig, Validation, main, pair_loss, rule_made_examples,
                             training_targets)
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
@@ -342,6 +343,43 @@ def test_counterfactual_pairs_train_both_branches_and_validation_reads_short_tex
     assert {"val_accuracy", "val_short_accuracy", "val_mixed_accuracy", "val_mixed_short_accuracy"} <= set(record)
     held_out = json.loads((out / "branch_validation.json").read_text())
     assert held_out["count"] == 80 + 80   # the n-gram branch's held-out logits: reviews and closing sentences
+
+
+def test_paired_counterfactual_texts_share_a_batch_and_add_the_margin_loss(parquet_data, counterfactual_data,
+                                                                          tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 "--counterfactual", str(counterfactual_data), "--counterfactual-repeat", "3", "--no-negation-edits",
+                 "--no-contrast-joins", "--counterfactual-pair-weight", "0.5", *TINY_MODEL_ARGS]) == 0
+    train, val = training_split(str(parquet_data), 80, 0)
+    kept = sum(1 for t in load_pairs(counterfactual_data, held_out=False).original.texts if t not in set(val.texts))
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(320 + kept * 3 + 320) // 16)   # a pair is served as one example: its revision comes with it
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["train_pair_loss"] > 0
+    assert json.loads((out / "config.json").read_text())["train"]["counterfactual_pair_weight"] == 0.5
+
+
+def test_a_pair_is_collated_together_and_its_margin_ignores_what_the_texts_share():
+    collate = Collate([[3, 4], [5], [6, 7, 8], [3, 9]], [1, 0, 1, 0], partner=np.array([3, -1, -1]))
+    batch = collate([1, 0, 2])
+    assert batch["tokens"][:, :2].tolist() == [[5, 0], [3, 4], [6, 7], [3, 9]]   # the partner after the batch
+    assert batch["labels"].tolist() == [0, 1, 1, 0] and batch["pairs"].tolist() == [[1, 3]]
+    assert collate([1, 2])["pairs"].shape == (0, 2)
+    torch.manual_seed(0)
+    model = Classifier(vocab_size=16, num_classes=2, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=8).eval()
+    tokens = torch.tensor([[3, 4, 5, 6], [3, 4, 5, 6], [3, 4, 5, 7]])
+    logits = model(tokens)
+    classes, pairs = torch.tensor([1, 0, 0]), torch.tensor([[0, 1], [0, 2]])
+    same, edited = pair_loss(logits, classes, pairs)
+    # Identical texts lean alike whatever the weights: the margin is 0 (loss log 2) and gives no gradient at all.
+    torch.testing.assert_close(same, torch.tensor(math.log(2)))
+    grads = torch.autograd.grad(same, list(model.parameters()), allow_unused=True, retain_graph=True)
+    assert max(float(g.abs().max()) for g in grads if g is not None) < 1e-6
+    lean = (logits[:, 1] - logits[:, 0]).detach()
+    torch.testing.assert_close(edited.detach(), F.softplus(-(lean[0] - lean[2])))
+    grads = torch.autograd.grad(edited, list(model.parameters()), allow_unused=True)
+    assert max(float(g.abs().max()) for g in grads if g is not None) > 1e-3
 
 
 def test_closing_passages_are_training_texts_only(tmp_path):

@@ -119,14 +119,27 @@ class Collate:
     """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels"`` when the examples
     have them: (B,) class ids, or (B, C) target distributions when ``labels`` is an (N, C) float array. Padded as
     ``pad_batch`` pads (``pad_to``: a fixed length; ``max_len``: the model's, for rounding up). A class, not a
-    closure, so DataLoader workers can pickle it."""
+    closure, so DataLoader workers can pickle it.
+
+    ``partner``: for paired examples, example i's partner (the index of another example, which the sampler does not
+    serve itself: it comes with i), or -1. The partners of a batch's examples follow its own rows, and
+    ``"pairs"`` (P, 2) holds each pair's two rows in the batch (example, partner)."""
 
     def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray | None = None,
-                 pad_id: int = 0, pad_to: int | None = None, max_len: int | None = None):
+                 pad_id: int = 0, pad_to: int | None = None, max_len: int | None = None,
+                 partner: np.ndarray | None = None):
         self.ids, self.labels, self.pad_id, self.pad_to, self.max_len = ids, labels, pad_id, pad_to, max_len
+        self.partner = partner
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        pairs = []
+        if self.partner is not None:
+            paired = [(row, int(self.partner[i])) for row, i in enumerate(indices) if self.partner[i] >= 0]
+            pairs = [(row, len(indices) + k) for k, (row, _) in enumerate(paired)]
+            indices = list(indices) + [p for _, p in paired]
         batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len)}
+        if self.partner is not None:
+            batch["pairs"] = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
         if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
             batch["labels"] = torch.from_numpy(self.labels[indices])
         elif self.labels is not None:
