@@ -153,6 +153,10 @@ class TrainConfig(ReviewRunConfig):
                                                      "the revision does, which what they share cannot change "
                                                      "(ClassificationTask.pair_loss); 0: each text on its own. A pair "
                                                      "counts once against --max-tokens", check=non_negative)
+    negation_edit_pair_weight: float = setting(0.0, "the same margin for the negation edits: each sentence and its "
+                                                    "negation in the same batch, this weight times their margin in "
+                                                    "the loss (see --counterfactual-pair-weight); 0: each on its own",
+                                               check=non_negative)
     negation_edit_repeat: int = setting(1, "times each negation edit and its sentence are seen per epoch by the "
                                            "transformer (the n-gram fits count them once, weighted)",
                                         check=positive)
@@ -167,7 +171,7 @@ class TrainConfig(ReviewRunConfig):
                                            "ngram_refit", "short_texts", "closing_passages", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
-                                           "negation_edit_repeat", "contrast_join_repeat")
+                                           "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -195,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "spelling", "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
                                "short_texts", "closing_passages",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
-                               "negation_edit_repeat", "contrast_joins", "contrast_join_repeat"],
+                               "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
+                               "contrast_join_repeat"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -292,14 +297,14 @@ class ClassificationTask(Task):
     """Reviews -> labels by cross-entropy; what ships (the mix, with an n-gram branch), on whole reviews and short
     texts alike, picks the best weights.
 
-    ``partner`` (paired training, --counterfactual-pair-weight): the first ``len(partner)`` texts are the examples
-    the sampler serves; text i's partner, a text after them with the opposite label, or -1. A pair is served as one
-    example of its longer text's length, both texts in the same batch, and adds ``pair_weight`` x ``pair_loss`` to
-    the batch's loss."""
+    ``partner`` (paired training, --counterfactual-pair-weight, --negation-edit-pair-weight): the first
+    ``len(partner)`` texts are the examples the sampler serves; text i's partner, a text after them with the
+    opposite label, or -1. A pair is served as one example of its longer text's length, both texts in the same
+    batch, and adds ``pair_weight[i]`` x ``pair_loss`` to the batch's loss."""
 
     def __init__(self, model: Classifier, train_ids: list[TokenIds], train_labels: list[int] | np.ndarray,
                  validation: Validation, config: TrainConfig, device: torch.device, dtype: torch.dtype | None,
-                 partner: np.ndarray | None = None):
+                 partner: np.ndarray | None = None, pair_weight: np.ndarray | None = None):
         fixed = config.batching == "fixed"  # the naive pipeline: random batches padded to max_len
         self.model = model
         served = len(train_ids) if partner is None else len(partner)
@@ -308,9 +313,9 @@ class ClassificationTask(Task):
         self.batch_size, self.max_tokens = config.batch_size, config.max_tokens
         self.pool_batches = 1 if fixed else 50  # a pool of one batch sorts nothing that matters
         self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None,
-                               model.config.max_len, partner)
+                               model.config.max_len, partner, pair_weight)
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
-        self.label_smoothing, self.pair_weight = config.label_smoothing, config.counterfactual_pair_weight
+        self.label_smoothing = config.label_smoothing
         self.validation, self.device, self.dtype = validation, device, dtype
 
     def loss(self, model, batch):
@@ -323,7 +328,7 @@ class ClassificationTask(Task):
                 "examples": n, "tokens": float((batch["tokens"] != self.model.config.pad_id).sum())}
         if "pairs" in batch:   # summed, over the batch's texts: at weight 1 a pair's margin counts as one text does
             pairs = pair_loss(logits.float(), classes, batch["pairs"])
-            loss = loss + self.pair_weight * pairs.sum() / n
+            loss = loss + (batch["pair_weights"] * pairs).sum() / n
             sums.update(pair_loss=float(pairs.detach().sum()), pairs=len(pairs))
         return loss, sums
 
@@ -517,6 +522,35 @@ def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> t
     return made
 
 
+@dataclass
+class TrainingPart:
+    """Labelled texts the transformer trains on, seen ``times`` an epoch. Paired (``partners``): text i comes with
+    ``partners[i]``, a text under another label, in the same batch, and their margin (``pair_loss``) counts
+    ``pair_weight`` in the loss."""
+
+    ids: list[TokenIds]
+    labels: list[int]
+    times: int = 1
+    partners: list[TokenIds] | None = None
+    partner_labels: list[int] | None = None
+    pair_weight: float = 0.0
+
+    @classmethod
+    def of(cls, ids: list[TokenIds], labels: list[int], times: int, pair_weight: float,
+           layout: str) -> "TrainingPart":
+        """Texts that come in pairs, laid out as ``layout`` says ("halves": all first texts, then all second texts;
+        "alternate": first, second, first, ...); paired when ``pair_weight`` > 0, else each text on its own."""
+        if not (pair_weight > 0 and ids):
+            return cls(ids, labels, times)
+        half = len(ids) // 2
+        first, second = (slice(0, half), slice(half, None)) if layout == "halves" else (slice(0, None, 2),
+                                                                                         slice(1, None, 2))
+        return cls(ids[first], labels[first], times, ids[second], labels[second], pair_weight)
+
+    def describe_pairs(self) -> str:
+        return f" (in pairs, margin weight {self.pair_weight})" if self.partners else ""
+
+
 # ---------------------------------------------------------------------- the command
 def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[int] | np.ndarray:
     """The targets of the labelled reviews, then of the pseudo-labelled ones (``given``: the teacher's
@@ -626,16 +660,16 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
     # and the rule-made texts are repeated; windows (closing sentences, passages) are cut from the labelled and
     # pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels.
-    # With --counterfactual-pair-weight, the sampler serves a pair's original, and its revision comes with it.
-    paired = config.counterfactual_pair_weight > 0 and bool(counterfactual_ids)
-    served = len(counterfactual_ids) // 2 if paired else len(counterfactual_ids)   # the originals come first
-    labelled_parts = [(train_ids, train_set.labels, 1),                  # (ids, labels, times per epoch)
-                      (counterfactual_ids[:served], counterfactual.labels[:served], config.counterfactual_repeat),
-                      (edit_ids, edits.labels, config.negation_edit_repeat),
-                      (join_ids, joins.labels, config.contrast_join_repeat)]
-    ids = [x for part, _, times in labelled_parts for x in part * times] + unlabelled_ids[: len(given)]
-    targets = training_targets([y for _, labels, times in labelled_parts for y in labels * times], given,
-                               config.soft_labels)
+    # With a pair weight, the sampler serves a pair's first text (an original, a sentence) and its second (the
+    # revision, the negation edit) comes with it into the batch.
+    parts = [TrainingPart(train_ids, train_set.labels),
+             TrainingPart.of(counterfactual_ids, counterfactual.labels, config.counterfactual_repeat,
+                             config.counterfactual_pair_weight, "halves"),          # originals, then revisions
+             TrainingPart.of(edit_ids, edits.labels, config.negation_edit_repeat,
+                             config.negation_edit_pair_weight, "alternate"),       # sentence, edit, sentence, ...
+             TrainingPart(join_ids, joins.labels, config.contrast_join_repeat)]
+    ids = [x for part in parts for x in part.ids * part.times] + unlabelled_ids[: len(given)]
+    targets = training_targets([y for part in parts for y in part.labels * part.times], given, config.soft_labels)
     reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
     added = {}   # windows cut from the labelled and pseudo-labelled reviews: how many of each
     for name, cut, wanted in (("closing sentences", closing_sentence, config.short_texts),
@@ -646,23 +680,27 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
             added[name] = len(ids) - before
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
-                   + (f" (in pairs, margin weight {config.counterfactual_pair_weight})" if paired else "")
-                   if counterfactual_ids else "")
+                   + parts[1].describe_pairs() if counterfactual_ids else "")
                 + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
-                   if edit_ids else "")
+                   + parts[2].describe_pairs() if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in added.items())
                 + f"; peak memory {peak_memory()}")
-    partner = None
-    if paired:   # each copy of an original -> its revision, appended once after everything the sampler serves
-        partner = np.full(len(ids), -1, dtype=np.int64)
-        first = len(train_ids)
-        for copy in range(config.counterfactual_repeat):
-            partner[first + copy * served: first + (copy + 1) * served] = len(ids) + np.arange(served)
-        ids, targets = appended(ids, targets, counterfactual_ids[served:], counterfactual.labels[served:])
-    task = ClassificationTask(model, ids, targets, validation, config, device, dtype, partner)
+    partner, pair_weight = None, None
+    if any(part.partners for part in parts):   # each copy of a pair's first text -> its second, appended once
+        partner, pair_weight = np.full(len(ids), -1, dtype=np.int64), np.zeros(len(ids), dtype=np.float32)
+        first = 0
+        for part in parts:
+            n = len(part.ids)
+            if part.partners:
+                for copy in range(part.times):
+                    partner[first + copy * n: first + (copy + 1) * n] = len(ids) + np.arange(n)
+                pair_weight[first: first + n * part.times] = part.pair_weight
+                ids, targets = appended(ids, targets, part.partners, part.partner_labels)
+            first += n * part.times
+    task = ClassificationTask(model, ids, targets, validation, config, device, dtype, partner, pair_weight)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
     if result.interrupted:
         return 130

@@ -360,12 +360,28 @@ def test_paired_counterfactual_texts_share_a_batch_and_add_the_margin_loss(parqu
     assert json.loads((out / "config.json").read_text())["train"]["counterfactual_pair_weight"] == 0.5
 
 
+def test_negation_edits_paired_come_in_one_batch_with_their_sentence(parquet_data, tmp_path):
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 "--no-contrast-joins", "--negation-edit-pair-weight", "1", *TINY_MODEL_ARGS]) == 0
+    train, val = training_split(str(parquet_data), 80, 0)
+    made, _ = rule_made_examples(TrainConfig(data=str(parquet_data), negation_edits=True, contrast_joins=False),
+                                 train, val)
+    edits = len(made["edit"].texts)
+    assert edits > 0
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(320 + edits // 2 + 320) // 16)   # reviews, sentences with their edits, closing sentences
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["train_pair_loss"] > 0
+
+
 def test_a_pair_is_collated_together_and_its_margin_ignores_what_the_texts_share():
-    collate = Collate([[3, 4], [5], [6, 7, 8], [3, 9]], [1, 0, 1, 0], partner=np.array([3, -1, -1]))
+    collate = Collate([[3, 4], [5], [6, 7, 8], [3, 9], [6, 7]], [1, 0, 1, 0, 0], partner=np.array([3, -1, 4]),
+                      partner_weight=np.array([2.0, 0.0, 0.5]))
     batch = collate([1, 0, 2])
-    assert batch["tokens"][:, :2].tolist() == [[5, 0], [3, 4], [6, 7], [3, 9]]   # the partner after the batch
-    assert batch["labels"].tolist() == [0, 1, 1, 0] and batch["pairs"].tolist() == [[1, 3]]
-    assert collate([1, 2])["pairs"].shape == (0, 2)
+    assert batch["tokens"][:, :2].tolist() == [[5, 0], [3, 4], [6, 7], [3, 9], [6, 7]]   # partners after the batch
+    assert batch["labels"].tolist() == [0, 1, 1, 0, 0] and batch["pairs"].tolist() == [[1, 3], [2, 4]]
+    assert batch["pair_weights"].tolist() == [2.0, 0.5]
+    assert collate([1])["pairs"].shape == (0, 2)
     torch.manual_seed(0)
     model = Classifier(vocab_size=16, num_classes=2, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=8).eval()
     tokens = torch.tensor([[3, 4, 5, 6], [3, 4, 5, 6], [3, 4, 5, 7]])

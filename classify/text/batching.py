@@ -123,23 +123,26 @@ class Collate:
 
     ``partner``: for paired examples, example i's partner (the index of another example, which the sampler does not
     serve itself: it comes with i), or -1. The partners of a batch's examples follow its own rows, and
-    ``"pairs"`` (P, 2) holds each pair's two rows in the batch (example, partner)."""
+    ``"pairs"`` (P, 2) holds each pair's two rows in the batch (example, partner), and ``"pair_weights"`` (P,) the
+    served examples' ``partner_weight`` (1 without one)."""
 
     def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray | None = None,
                  pad_id: int = 0, pad_to: int | None = None, max_len: int | None = None,
-                 partner: np.ndarray | None = None):
+                 partner: np.ndarray | None = None, partner_weight: np.ndarray | None = None):
         self.ids, self.labels, self.pad_id, self.pad_to, self.max_len = ids, labels, pad_id, pad_to, max_len
-        self.partner = partner
+        self.partner, self.partner_weight = partner, partner_weight
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         pairs = []
         if self.partner is not None:
-            paired = [(row, int(self.partner[i])) for row, i in enumerate(indices) if self.partner[i] >= 0]
-            pairs = [(row, len(indices) + k) for k, (row, _) in enumerate(paired)]
-            indices = list(indices) + [p for _, p in paired]
+            rows = [row for row, i in enumerate(indices) if self.partner[i] >= 0]
+            pairs, served = [(row, len(indices) + k) for k, row in enumerate(rows)], [indices[row] for row in rows]
+            weights = torch.tensor([1.0 if self.partner_weight is None else float(self.partner_weight[i])
+                                    for i in served], dtype=torch.float32)
+            indices = list(indices) + [int(self.partner[i]) for i in served]
         batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len)}
         if self.partner is not None:
-            batch["pairs"] = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+            batch["pairs"], batch["pair_weights"] = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2), weights
         if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
             batch["labels"] = torch.from_numpy(self.labels[indices])
         elif self.labels is not None:
