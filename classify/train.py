@@ -151,11 +151,15 @@ class TrainConfig(ReviewRunConfig):
                                                      "batch, and add this weight times a margin on their difference "
                                                      "to the loss: how much more the original leans to its label than "
                                                      "the revision does, which what they share cannot change "
-                                                     "(ClassificationTask.pair_loss); 0: each text on its own. A pair "
-                                                     "counts once against --max-tokens", check=non_negative)
+                                                     "(train.pair_loss); 0: each text on its own. A pair counts as one "
+                                                     "example of --batch-size and --max-tokens, so batches holding "
+                                                     "pairs are larger. Not in the recipe: at 2 the held-out pairs "
+                                                     "came out no better (experiments/RESULTS.md)",
+                                                check=non_negative)
     negation_edit_pair_weight: float = setting(0.0, "the same margin for the negation edits: each sentence and its "
                                                     "negation in the same batch, this weight times their margin in "
-                                                    "the loss (see --counterfactual-pair-weight); 0: each on its own",
+                                                    "the loss (see --counterfactual-pair-weight); 0: each on its "
+                                                    "own. Not in the recipe: at 2 the suite came out worse",
                                                check=non_negative)
     negation_edit_repeat: int = setting(1, "times each negation edit and its sentence are seen per epoch by the "
                                            "transformer (the n-gram fits count them once, weighted)",
