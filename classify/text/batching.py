@@ -133,16 +133,17 @@ class Collate:
         self.partner, self.partner_weight = partner, partner_weight
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        pairs = []
+        paired = {}
         if self.partner is not None:
             rows = [row for row, i in enumerate(indices) if self.partner[i] >= 0]
-            pairs, served = [(row, len(indices) + k) for k, row in enumerate(rows)], [indices[row] for row in rows]
-            weights = torch.tensor([1.0 if self.partner_weight is None else float(self.partner_weight[i])
-                                    for i in served], dtype=torch.float32)
+            served = [indices[row] for row in rows]
+            paired = {"pairs": torch.tensor([(row, len(indices) + k) for k, row in enumerate(rows)],
+                                            dtype=torch.long).reshape(-1, 2),
+                      "pair_weights": torch.tensor([1.0 if self.partner_weight is None else
+                                                    float(self.partner_weight[i]) for i in served],
+                                                   dtype=torch.float32)}
             indices = list(indices) + [int(self.partner[i]) for i in served]
-        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len)}
-        if self.partner is not None:
-            batch["pairs"], batch["pair_weights"] = torch.tensor(pairs, dtype=torch.long).reshape(-1, 2), weights
+        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len), **paired}
         if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
             batch["labels"] = torch.from_numpy(self.labels[indices])
         elif self.labels is not None:
