@@ -119,15 +119,23 @@ def paired_times(arms: dict, repeats: int, base: str, other: str) -> tuple[float
             paired_ratio(samples[other], samples[base]))
 
 
-def table_report(title: str, record: dict, setup: str, columns: list[str], cells: list[list]) -> str:
-    """A timing report in markdown: the title, the command and machine of ``record`` followed by ``setup``, and a
-    table of ``cells`` under ``columns``."""
-    return "\n".join([
+def timing_record(prog: str, argv: list[str], threads: int, rows: list[dict], **setup) -> dict:
+    """What a timing experiment records: the command and machine, ``setup`` (its own settings), then ``rows``."""
+    return {**experiment_meta(prog, argv), "cpu": cpu_model(), "threads": threads, "torch": torch.__version__,
+            **setup, "rows": rows}
+
+
+def write_table_report(args: argparse.Namespace, record: dict, title: str, setup: str, columns: list[str],
+                       cells: list[list]) -> None:
+    """Writes ``record`` and its markdown report (the title, the command and machine followed by ``setup``, a
+    table of ``cells`` under ``columns``) where ``args`` say (--record, --name)."""
+    report = "\n".join([
         f"# {title}", "",
         f"Command: `{record['command']}` ({record['date']}); {record['cpu']}, {record['threads']} threads, "
         f"bf16 {'on' if record['bf16'] else 'emulated'}, {setup}", "",
         "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
         *("| " + " | ".join(map(str, row)) + " |" for row in cells)]) + "\n"
+    write_results(results_folder(args), args.name, record, report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,18 +165,16 @@ def main(argv: list[str] | None = None) -> int:
             bf16_ms, fp32_ms, speedup = paired_times(arms, args.repeats, "bf16", "fp32")
             rows.append({"case": case, "length": length, "bf16_ms": bf16_ms, "fp32_ms": fp32_ms,
                          "fp32_speedup": speedup})
-    record = {**experiment_meta("experiments.attention_precision", argv), "cpu": cpu_model(),
-              "threads": args.threads, "denormals": "kept" if args.keep_denormals else "flushed to zero",
-              "torch": torch.__version__, "rows": rows}
-    report = table_report(
-        "bf16 attention computed in bf16 or in fp32, CPU training", record,
+    record = timing_record("experiments.attention_precision", argv, args.threads, rows,
+                           denormals="kept" if args.keep_denormals else "flushed to zero")
+    write_table_report(
+        args, record, "bf16 attention computed in bf16 or in fp32, CPU training",
         f"denormals {record['denormals']}, torch {record['torch']}. Batch {BATCH}, {HEADS} heads of {HEAD_DIM}; "
         f"medians of {args.repeats} interleaved rounds; speed-up: the paired median of bf16 time / fp32 time "
         f"(above 1: fp32 is faster).",
         ["case", "tokens", "bf16 (ms)", "fp32 with the casts (ms)", "fp32 speed-up"],
         [[r["case"], r["length"], f"{r['bf16_ms']:.1f}", f"{r['fp32_ms']:.1f}", f"{r['fp32_speedup']:.2f}x"]
          for r in rows])
-    write_results(results_folder(args), args.name, record, report)
     return 0
 
 

@@ -26,10 +26,8 @@ import classify.core as core
 from classify.engine.optim import build_optimizer
 from classify.models import Classifier
 
-from . import add_results_args, results_folder
-from .attention_precision import models_to_time, paired_times, step_arms, table_report
-from .benchtools import cpu_model
-from .trainruns import experiment_meta, write_results
+from . import add_results_args
+from .attention_precision import models_to_time, paired_times, step_arms, timing_record, write_table_report
 
 
 def optimizers(model: Classifier) -> dict[str, torch.optim.Optimizer]:
@@ -63,17 +61,16 @@ def main(argv: list[str] | None = None) -> int:
             before_ms, now_ms, speedup = paired_times(steps, args.repeats, "before", "now")
             rows.append({"weights": name, "length": length, "before_ms": before_ms, "now_ms": now_ms,
                          "speedup": speedup})
-    record = {**experiment_meta("experiments.step_speed", argv), "cpu": cpu_model(), "threads": args.threads,
-              "torch": torch.__version__, "fp32_training_keys": core.FP32_TRAINING_KEYS, "rows": rows}
-    report = table_report(
-        "A CPU training step before and after the twenty-ninth session", record,
+    record = timing_record("experiments.step_speed", argv, args.threads, rows,
+                           fp32_training_keys=core.FP32_TRAINING_KEYS)
+    write_table_report(
+        args, record, "A CPU training step before and after the twenty-ninth session",
         f"denormals flushed, torch {record['torch']}. One training step of the recipe's transformer, batch 32; "
         f"before: foreach AdamW, bf16 attention; now: fused AdamW, fp32 attention up to {core.FP32_TRAINING_KEYS} "
         f"keys. Medians of {args.repeats} interleaved rounds; speed-up: the paired median of before / now.",
         ["weights", "tokens", "before (ms)", "now (ms)", "speed-up"],
         [[r["weights"], r["length"], f"{r['before_ms']:.1f}", f"{r['now_ms']:.1f}", f"{r['speedup']:.2f}x"]
          for r in rows])
-    write_results(results_folder(args), args.name, record, report)
     return 0
 
 
