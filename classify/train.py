@@ -83,10 +83,12 @@ class TrainConfig(ReviewRunConfig):
                                     "shares movies with training", choices=SPLITS_BY)
     ngram_c: float = setting(1.0, "inverse L2 strength of the n-gram branch's logistic regression", check=positive)
     ngram_min_count: int = setting(2, "an n-gram slot fewer than this many training texts have gets no weight in the "
-                                      "fits of the n-gram branch and teacher: an n-gram one review alone has is "
+                                      "fits of the n-gram branch: an n-gram one review alone has is "
                                       "mostly that review's fingerprint. At 2 against 1, 5-fold cross-validation "
                                       "over the training reviews: +0.08 +- 0.09 points, 61%% fewer slots with a "
                                       "weight (experiments/RESULTS.md)", check=positive)
+    teacher_min_count: int = setting(2, "the same for the n-gram fit that labels the unlabelled reviews for "
+                                        "--pseudo-labels (the teacher)", check=positive)
     ngram_self_train: bool = setting(False, "self-train the n-gram branch on the source's unlabelled reviews (its "
                                             "unsupervised split, when it has one): fit, label them with the fit, "
                                             "fit again on both. On IMDB test: +0.2 points for plain 1-3-grams, "
@@ -171,7 +173,7 @@ class TrainConfig(ReviewRunConfig):
                                         check=positive)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
-                                           "split", "ngram_c", "ngram_min_count", "pseudo_labels", "soft_labels",
+                                           "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels", "soft_labels",
                                            "ngram_refit", "short_texts", "closing_passages", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
@@ -209,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
     add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults=RECIPE)  # the flags build the shipped model by default
-    add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "ngram_self_train", "ngram_refit", "pseudo_labels",
-                               "soft_labels"])
+    add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "teacher_min_count", "ngram_self_train", "ngram_refit",
+                               "pseudo_labels", "soft_labels"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
               ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
                "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
@@ -433,8 +435,9 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     teacher's, where a review counts 1).
 
     - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` labels the unlabelled reviews (kept
-      in the run folder). It is the branch's own fit when the two weights are equal; otherwise, and without a
-      branch in the model (--ngram-orders 0), a fit of its own of the recipe's branch, then dropped.
+      in the run folder). It is the branch's own fit when the two fits' settings are equal (edit weight, min
+      count); otherwise, and without a branch in the model (--ngram-orders 0), a fit of its own of the recipe's
+      branch, then dropped.
     - The branch: fitted on ``train`` (with --ngram-self-train self-trained on the unlabelled reviews), its logits
       for ``validation`` kept (held out: the mix and the checkpoint are chosen on them); with --ngram-refit,
       fitted again on ``train`` and ``val`` (the whole validation reviews) together, for the model it keeps.
@@ -443,14 +446,15 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     (train_ids, train_labels, edit), (val_ids, val_labels) = train, val
     given = np.zeros((0, model.config.num_classes), dtype=np.float32)
     teach = config.pseudo_labels and bool(unlabelled_ids)
-    own_teacher = teach and (model.ngram is None or (config.teacher_edit_weight != config.negation_edit_weight
-                                                     and bool(edit.any())))
+    own_teacher = teach and (model.ngram is None or config.teacher_min_count != config.ngram_min_count
+                             or (config.teacher_edit_weight != config.negation_edit_weight and bool(edit.any())))
     if own_teacher:
         t = time.monotonic()
         teacher = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
         given = self_train_ngram_bag(teacher, train_ids, train_labels, unlabelled_ids, config.ngram_c, False,
-                                     np.where(edit, config.teacher_edit_weight, 1.0), config.ngram_min_count)
-        console.log(f"n-gram teacher (negation edits weighted {config.teacher_edit_weight}) fitted on "
+                                     np.where(edit, config.teacher_edit_weight, 1.0), config.teacher_min_count)
+        console.log(f"n-gram teacher (negation edits weighted {config.teacher_edit_weight}, min count "
+                    f"{config.teacher_min_count}) fitted on "
                     f"{len(train_ids)} reviews in {time.monotonic() - t:.0f}s; it labels "
                     f"{(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}; peak memory "
                     f"{peak_memory()}")

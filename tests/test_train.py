@@ -294,22 +294,28 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
         RunFolder(out, "classifier").branch_validation(2 * len(val), 2)
 
 
-def test_the_teacher_and_the_kept_branch_weigh_the_negation_edits_each_by_its_own_flag(unlabelled_data, tmp_path):
+@pytest.mark.parametrize("teacher_flag, branch_flag, one, other, same", [
+    ("--teacher-edit-weight", "--negation-edit-weight", "0.5", "0.05", []),
+    ("--teacher-min-count", "--ngram-min-count", "1", "3",
+     ["--teacher-edit-weight", "0.05", "--negation-edit-weight", "0.05"])])
+def test_the_teacher_and_the_kept_branch_are_fitted_each_by_its_own_flag(unlabelled_data, tmp_path, teacher_flag,
+                                                                         branch_flag, one, other, same):
+    """Each setting of the two fits apart (``same``: the others made equal, so that one setting alone differs)."""
     def run(teacher: str, branch: str) -> dict:
         out = tmp_path / f"{teacher}-{branch}"
         assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test",
-                     "--teacher-edit-weight", teacher, "--negation-edit-weight", branch, *TINY_MODEL_ARGS]) == 0
+                     teacher_flag, teacher, branch_flag, branch, *same, *TINY_MODEL_ARGS]) == 0
         folder = RunFolder(out, "classifier")
         return {"teacher": json.loads((out / "pseudo_labels.json").read_text())["teacher"],
                 "labels": folder.pseudo_labels(2), "held_out": folder.branch_validation(
                     json.loads((out / "branch_validation.json").read_text())["count"], 2),
                 "branch": load_tensors(out / "model.safetensors")["ngram.weight"]}
 
-    both, teacher_only, branch_only = run("0.5", "0.05"), run("0.5", "0.5"), run("0.05", "0.05")
+    both, teacher_only, branch_only = run(one, other), run(one, one), run(other, other)
     assert (both["teacher"], teacher_only["teacher"]) == ("n-gram teacher", "n-gram branch, first fit")
-    # The unlabelled reviews' labels come from the fit at the teacher's weight ...
+    # The unlabelled reviews' labels come from the fit at the teacher's setting ...
     np.testing.assert_array_equal(both["labels"], teacher_only["labels"])
-    assert not np.allclose(both["labels"], branch_only["labels"])   # (the weight matters on this data)
+    assert not np.allclose(both["labels"], branch_only["labels"])   # (the setting matters on this data)
     # ... the branch's held-out logits and the branch the model keeps from the fits at the branch's.
     np.testing.assert_array_equal(both["held_out"], branch_only["held_out"])
     torch.testing.assert_close(both["branch"], branch_only["branch"], rtol=0, atol=0)

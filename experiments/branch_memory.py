@@ -1,0 +1,217 @@
+"""How much the n-gram branch's fit remembers of each training review, and whether a looser fit reads an edit
+better: on a run's own validation texts and validation pairs (no test, no suite, no held-out quarter).
+
+    python -m experiments.branch_memory --runs runs/imdb-v39-fusedshort-seed5 --variants 2:1 10:0.01 --threads 2
+
+A counterfactual pair's revision shares most of its n-grams with its original. The branch the model keeps was
+fitted on the original (an IMDB training review) and, with 16.8M slots, fits every training review: on the
+revision it recalls the original's label. Fitted without the originals it reads the revisions far better
+(``experiments/RESULTS.md``, thirty-first session). This experiment refits a trained run's branch with other
+settings and asks what each costs and gains where the recipe can see it:
+
+* ``MIN:C`` variants: slots fewer than MIN training texts have get no weight (``--ngram-min-count``), and the
+  logistic regression's inverse L2 strength is C (``--ngram-c``); 2:1 is the recipe's branch.
+* As ``classify.train`` does: the first fit on the run's training texts (its training reviews, the
+  counterfactual pairs it trained on, the negation edits at their weight) gives the held-out logits of the run's
+  validation texts, on which the mix is fitted (``Validation.scores``, whole reviews and short texts); the kept
+  fit adds the validation reviews. Scored: the branch alone and the mix on each validation group, and the
+  *validation pairs* (the counterfactual pairs whose original is a validation review, left out of training), with
+  the kept fit, which has seen their originals and never their revisions: the situation of the held-out quarter
+  and of the public contrast sets, seen from validation.
+
+The transformer is the run's own (its best weights); only the branch and the mix change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from classify.engine.config import runtime
+from classify.evaluate import run_training_split
+from classify.inference import load_run
+from classify.mix import mixed_logits
+from classify.models import ngram_branch
+from classify.ngrams import _fit_features as fit_features
+from classify.ngrams import bag_logits, feature_matrix
+from classify.text.data import Examples, unlabelled_split
+from classify.text.prepare import Preprocessing
+from classify.train import TrainConfig, Validation, counterfactual_examples, rule_made_examples
+
+from . import add_results_args, results_folder
+from .mix_forms import PAIRS, validation_of
+from .trainruns import experiment_meta, write_results
+
+
+def parse_variant(text: str) -> tuple[str, int, float, float]:
+    """"MIN:C" (the recipe's kind of fit) or "student:MIN:C:W" -> (kind, min_count, c, w)."""
+    parts = text.split(":")
+    try:
+        if parts[0] == "student" and len(parts) == 4:
+            return "student", int(parts[1]), float(parts[2]), float(parts[3])
+        if len(parts) == 2:
+            return "fit", int(parts[0]), float(parts[1]), 1.0
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"a variant is MIN:C or student:MIN:C:W, e.g. 10:0.01 (got {text!r})")
+
+
+@dataclass
+class BranchData:
+    """A run's branch training texts as ``classify.train`` builds them, as binary feature matrices."""
+
+    train: object                 # (N, buckets) CSR: training reviews, counterfactual texts, negation edits
+    labels: np.ndarray            # (N,)
+    kind: np.ndarray              # (N,) 0 a training review, 1 a counterfactual text, 2 a negation edit
+    val: object                   # (V, buckets) the validation reviews
+    val_labels: np.ndarray        # (V,)
+    unlabelled: object            # (U, buckets) the unlabelled reviews (students only), or None
+    config: TrainConfig
+    model_config: object
+
+
+
+def branch_data(path: str, students: bool) -> BranchData:
+    """The run's branch training data (``classify.train``'s stage 1); the unlabelled reviews' too for
+    ``students``."""
+    run = load_run(path, torch.device("cpu"), None)
+    config = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
+    train, val = run_training_split(run.config, None)
+    counterfactual = counterfactual_examples(config, val)
+    made, _ = rule_made_examples(config, train, val)
+    edits = made.get("edit", Examples([], []))
+    model_config = run.backend.model.config
+    encode = Preprocessing(run.tokenizer, model_config.max_len, run.truncation).ids
+    bag = ngram_branch(model_config)
+    parts = (train, counterfactual, edits)
+    unlabelled = (feature_matrix(bag, encode(unlabelled_split(config.data, config.limit, config.seed).texts))
+                  if students else None)
+    return BranchData(feature_matrix(bag, encode([t for part in parts for t in part.texts])),
+                      np.asarray([y for part in parts for y in part.labels]),
+                      np.repeat([0, 1, 2], [len(part.texts) for part in parts]),
+                      feature_matrix(bag, encode(val.texts)), np.asarray(val.labels), unlabelled, config,
+                      model_config)
+
+
+def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool):
+    """The branch of ``variant`` fitted on the run's training texts, and with ``kept`` on the validation reviews
+    too (the fit the model keeps). A student: the recipe's teacher fitted on the same texts labels the unlabelled
+    reviews, and the branch is fitted on those (each twice, under either label, weighted by the teacher's
+    probability of it), the counterfactual texts and the edits, the labelled reviews counting ``w`` each."""
+    kind, min_count, c, w = variant
+    config = data.config
+    features, labels, kinds = data.train, data.labels, data.kind
+    if kept:   # the validation reviews count as training reviews
+        features = sp.vstack([features, data.val]).tocsr()
+        labels = np.concatenate([labels, data.val_labels])
+        kinds = np.concatenate([kinds, np.zeros(len(data.val_labels), dtype=kinds.dtype)])
+    weights = np.choose(kinds, [w if kind == "student" else 1.0, 1.0, config.negation_edit_weight])   # (N,)
+    bag = ngram_branch(data.model_config)
+    if kind == "fit":
+        fit_features(bag, features, labels, c, weights, min_count)
+        return bag
+    fit_features(bag, features, labels, config.ngram_c, np.choose(kinds, [1.0, 1.0, config.teacher_edit_weight]),
+                 config.ngram_min_count)                                                  # the teacher
+    probs = softmax(logits_of(bag, data.unlabelled))                                      # (U, 2)
+    u = len(probs)
+    bag = ngram_branch(data.model_config)
+    fit_features(bag, sp.vstack([data.unlabelled, data.unlabelled, features]).tocsr(),
+                 np.concatenate([np.ones(u, dtype=labels.dtype), np.zeros(u, dtype=labels.dtype), labels]), c,
+                 np.concatenate([probs[:, 1], probs[:, 0], weights]), min_count)
+    return bag
+
+
+def logits_of(bag, features) -> np.ndarray:
+    """The bag's logits (N, C) for binary features (N, buckets)."""
+    return features @ bag.weight.numpy() + bag.bias.numpy()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def accuracies(logits: np.ndarray, labels: np.ndarray, group: np.ndarray) -> dict[str, float]:
+    """Accuracy of (N, C) logits per validation group (whole reviews, short texts, the pairs' two texts)."""
+    names = [g or "reviews" for g in Validation.GROUPS] + ["pair originals", "pair revisions"]
+    return {name: float((logits[group == g].argmax(1) == labels[group == g]).mean())
+            for g, name in enumerate(names) if (group == g).any()}
+
+
+def study(path: str, variants: list[tuple[str, int, float, float]], device, dtype) -> dict:
+    """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run."""
+    with torch.inference_mode():
+        validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
+    data = branch_data(path, any(v[0] == "student" for v in variants))
+    y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
+    texts = group < PAIRS                              # what the mix is fitted on, as in training
+    out = {"transformer": accuracies(transformer, y, group), "variants": []}
+    for variant in variants:
+        t = time.monotonic()
+        ngram = np.zeros_like(transformer)
+        first = fitted(data, variant, kept=False)      # held-out logits of the validation texts
+        ngram[texts] = bag_logits(first, [validation.ids[i] for i in np.flatnonzero(texts)]).numpy()
+        kept = fitted(data, variant, kept=True)        # has seen the validation pairs' originals
+        ngram[~texts] = bag_logits(kept, [validation.ids[i] for i in np.flatnonzero(~texts)]).numpy()
+        # The mix as training fits it, on the validation texts alone (not the pairs); the checkpoint's score.
+        rows = np.flatnonzero(texts)
+        on_texts = Validation([validation.ids[i] for i in rows], [validation.labels[i] for i in rows], group[rows],
+                              ngram[rows])
+        scores, mix = on_texts.scores(transformer[rows])
+        score = float(np.mean([scores[on_texts.key("mixed", g)] for g in Validation.GROUPS
+                               if scores.get(on_texts.key("mixed", g)) is not None]))
+        mixed = mixed_logits(mix, transformer, ngram, lengths)
+        kind, min_count, c, w = variant
+        row = {"variant": (f"{min_count}:{c:g}" if kind == "fit" else f"student {min_count}:{c:g}, reviews x{w:g}"),
+               "slots": int((kept.weight != 0).any(dim=1).sum()), "mix": np.round(mix, 4).tolist(),
+               "checkpoint_score": score, "ngram": accuracies(ngram, y, group), "mixed": accuracies(mixed, y, group),
+               "seconds": round(time.monotonic() - t)}
+        out["variants"].append(row)
+        print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
+              "ngram", row["ngram"], flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.branch_memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", nargs="+", required=True, help="run folders trained with the n-gram branch and "
+                                                            "--counterfactual")
+    p.add_argument("--variants", nargs="+", type=parse_variant, default=[("fit", 2, 1.0, 1.0)], metavar="VARIANT",
+                   help="branch fits to compare: MIN:C, min count and C (2:1 is the recipe's); student:MIN:C:W, a "
+                        "student of the teacher on the unlabelled reviews, the labelled reviews counting W")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--name", default="branch_memory", help="the report's file name")
+    add_results_args(p, "NAME.json and .md")
+    args = p.parse_args(argv)
+    device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
+    results = {path: study(path, args.variants, device, dtype) for path in args.runs}
+    meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
+    groups = list(next(iter(results.values()))["transformer"])
+    lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "
+             f"C): slots with a weight, the checkpoint's score (the mix's mean accuracy over the validation groups), "
+             f"then accuracy per group of the mix and of the branch alone; the transformer alone for scale. Pairs: "
+             f"the validation pairs, scored with the kept fit (which saw their originals).", "",
+             f"| run | fit | slots | checkpoint score | system | {' | '.join(groups)} |",
+             "|---|---|---|---|---|" + "---|" * len(groups)]
+    for path, result in results.items():
+        lines.append(f"| {path} | - | - | - | transformer | "
+                     + " | ".join(f"{result['transformer'][g]:.2%}" for g in groups) + " |")
+        for row in result["variants"]:
+            for system in ("mixed", "ngram"):
+                lines.append(f"| {path} | {row['variant']} | {row['slots']:,} | "
+                             f"{row['checkpoint_score']:.2%} | {system} | "
+                             + " | ".join(f"{row[system][g]:.2%}" for g in groups) + " |")
+    write_results(results_folder(args), args.name, {"meta": meta, "runs": results}, "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
