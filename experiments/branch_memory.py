@@ -46,7 +46,7 @@ from classify.text.prepare import Preprocessing
 from classify.train import TrainConfig, Validation, counterfactual_examples, rule_made_examples
 
 from . import add_results_args, results_folder
-from .mix_forms import PAIRS, validation_of
+from .mix_forms import PAIRS, REVISIONS, validation_of
 from .trainruns import experiment_meta, write_results
 
 
@@ -129,13 +129,16 @@ def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool)
 
 
 def logits_of(bag, features) -> np.ndarray:
-    """The bag's logits (N, C) for binary features (N, buckets)."""
-    return features @ bag.weight.numpy() + bag.bias.numpy()
+    """The bag's logits (N, C) for binary features (N, buckets) (its last row is the padding slot's)."""
+    return features @ bag.weight.detach()[: bag.buckets].numpy() + bag.bias.detach().numpy()
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = np.exp(logits - logits.max(axis=1, keepdims=True))
     return z / z.sum(axis=1, keepdims=True)
+
+
+UNSEEN = "pair revisions, original unseen"
 
 
 def accuracies(logits: np.ndarray, labels: np.ndarray, group: np.ndarray) -> dict[str, float]:
@@ -158,8 +161,11 @@ def study(path: str, variants: list[tuple[str, int, float, float]], device, dtyp
         ngram = np.zeros_like(transformer)
         first = fitted(data, variant, kept=False)      # held-out logits of the validation texts
         ngram[texts] = bag_logits(first, [validation.ids[i] for i in np.flatnonzero(texts)]).numpy()
+        pair_ids = [validation.ids[i] for i in np.flatnonzero(~texts)]
+        unseen = ngram.copy()                          # the pairs as the first fit reads them: originals unseen
+        unseen[~texts] = bag_logits(first, pair_ids).numpy()
         kept = fitted(data, variant, kept=True)        # has seen the validation pairs' originals
-        ngram[~texts] = bag_logits(kept, [validation.ids[i] for i in np.flatnonzero(~texts)]).numpy()
+        ngram[~texts] = bag_logits(kept, pair_ids).numpy()
         # The mix as training fits it, on the validation texts alone (not the pairs); the checkpoint's score.
         rows = np.flatnonzero(texts)
         on_texts = Validation([validation.ids[i] for i in rows], [validation.labels[i] for i in rows], group[rows],
@@ -168,11 +174,15 @@ def study(path: str, variants: list[tuple[str, int, float, float]], device, dtyp
         score = float(np.mean([scores[on_texts.key("mixed", g)] for g in Validation.GROUPS
                                if scores.get(on_texts.key("mixed", g)) is not None]))
         mixed = mixed_logits(mix, transformer, ngram, lengths)
+        revisions = group == REVISIONS
         kind, min_count, c, w = variant
         row = {"variant": (f"{min_count}:{c:g}" if kind == "fit" else f"student {min_count}:{c:g}, reviews x{w:g}"),
                "slots": int((kept.weight != 0).any(dim=1).sum()), "mix": np.round(mix, 4).tolist(),
                "checkpoint_score": score, "ngram": accuracies(ngram, y, group), "mixed": accuracies(mixed, y, group),
                "seconds": round(time.monotonic() - t)}
+        # The revisions again, their originals unseen: the first fit's logits (the validation reviews left out).
+        for system, logits in (("ngram", unseen), ("mixed", mixed_logits(mix, transformer, unseen, lengths))):
+            row[system][UNSEEN] = float((logits[revisions].argmax(1) == y[revisions]).mean())
         out["variants"].append(row)
         print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
               "ngram", row["ngram"], flush=True)
@@ -194,16 +204,18 @@ def main(argv: list[str] | None = None) -> int:
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
     results = {path: study(path, args.variants, device, dtype) for path in args.runs}
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
-    groups = list(next(iter(results.values()))["transformer"])
+    groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "
              f"C): slots with a weight, the checkpoint's score (the mix's mean accuracy over the validation groups), "
              f"then accuracy per group of the mix and of the branch alone; the transformer alone for scale. Pairs: "
-             f"the validation pairs, scored with the kept fit (which saw their originals).", "",
+             f"the validation pairs, scored with the kept fit (which saw their originals); the last column, their "
+             f"revisions scored with the first fit (which did not).", "",
              f"| run | fit | slots | checkpoint score | system | {' | '.join(groups)} |",
              "|---|---|---|---|---|" + "---|" * len(groups)]
     for path, result in results.items():
         lines.append(f"| {path} | - | - | - | transformer | "
-                     + " | ".join(f"{result['transformer'][g]:.2%}" for g in groups) + " |")
+                     + " | ".join(f"{result['transformer'][g]:.2%}" if g in result["transformer"] else "-"
+                                  for g in groups) + " |")
         for row in result["variants"]:
             for system in ("mixed", "ngram"):
                 lines.append(f"| {path} | {row['variant']} | {row['slots']:,} | "

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_MODEL_ARGS
 
+from classify.train import main as train_main
 from experiments import ablations, baseline, negation_forms, pretraining, seeds, trainruns
 
 
@@ -291,6 +292,44 @@ def test_validation_pairs_are_the_training_side_pairs_whose_original_is_a_valida
     pairs = validation_pairs(TrainConfig(data="unused", counterfactual=str(counterfactual_data)), val_texts)
     assert pairs.texts == training.original.texts[:3] + training.revised.texts[:3]   # never the held-out quarter
     assert pairs.labels == training.original.labels[:3] + [1 - y for y in training.original.labels[:3]]
+
+
+def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabelled_data, counterfactual_data,
+                                                                         tmp_path):
+    import numpy as np
+
+    from classify.engine.runfolder import RunFolder
+    from classify.evaluate import run_training_split
+    from classify.inference import load_run
+    from classify.ngrams import bag_logits
+    from classify.text.prepare import Preprocessing
+    from experiments.branch_memory import branch_data, fitted, logits_of
+    from experiments.branch_memory import main as memory_main
+
+    run = tmp_path / "run"
+    assert train_main(["--data", str(unlabelled_data), "--output", str(run), "--max-steps", "1", "--no-test",
+                       "--counterfactual", str(counterfactual_data), *TINY_MODEL_ARGS]) == 0
+    # The recipe's variant is the run's own branch: the same training texts, weights and fits.
+    data = branch_data(str(run), students=True)
+    first, kept = (fitted(data, ("fit", 2, 1.0, 1.0), kept=k) for k in (False, True))
+    count = json.loads((run / "branch_validation.json").read_text())["count"]
+    reviews = len(data.val_labels)
+    np.testing.assert_allclose(RunFolder(run, "classifier").branch_validation(count, 2)[:reviews],
+                               logits_of(first, data.val), atol=1e-4)
+    loaded = load_run(run, torch.device("cpu"))
+    _, val = run_training_split(loaded.config, None)
+    as_trained = Preprocessing(loaded.tokenizer, loaded.model.config.max_len, loaded.truncation)   # no --spelling
+    np.testing.assert_allclose(bag_logits(loaded.model.ngram, as_trained.ids(val.texts)).numpy(),
+                               logits_of(kept, data.val), atol=1e-4)
+
+    assert memory_main(["--runs", str(run), "--variants", "2:1", "3:0.5", "student:2:1:0", "--results",
+                        str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"]
+    assert [r["variant"] for r in rows] == ["2:1", "3:0.5", "student 2:1, reviews x0"]
+    assert rows[1]["slots"] < rows[0]["slots"]
+    assert all(0 <= v <= 1 for r in rows for system in ("ngram", "mixed") for v in r[system].values())
+    assert "pair revisions, original unseen" in rows[0]["ngram"]
+    assert "| 3:0.5 |" in (tmp_path / "branch_memory.md").read_text()
 
 
 def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parquet_data, tmp_path):
