@@ -203,7 +203,7 @@ class NgramBag(nn.Module):
     def compact(self) -> bool:
         """Hold the table as one column (buckets + 1,), float16 where that is exact, instead of (buckets + 1, C)
         float32: what inference and the ONNX export need, in a quarter of the memory (34 MB for the recipe's
-        16.8M slots, not 134). A two-class branch's rows are (-d/2, d/2) (``_fit_features``), so column 1 carries
+        16.8M slots, not 134). A two-class branch's rows are (-d/2, d/2) (``fit_features``), so column 1 carries
         them all, and the fits round the weights to float16, which holds them exactly, as the run folder stores
         them (``engine.files.pack_rows``). The logits stay the bag's own up to the order of a float32 sum (an ulp:
         at most 1.2e-7 on IMDB reviews). False, and nothing changed, for any other table. A compact bag is for
@@ -312,11 +312,11 @@ def fit_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], c: floa
     """Fit the bag on pre-tokenized training reviews: naive-Bayes scales (two classes; 1 otherwise) and
     an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features; ``weights``
     (N,): how much each review counts (1 by default); a slot fewer than ``min_count`` texts have keeps no weight."""
-    _fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count)
+    fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count)
 
 
 @torch.no_grad()
-def _fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None,
+def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None,
                   min_count: int = 1) -> None:
     """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None.
 
@@ -394,13 +394,13 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
     import scipy.sparse as sp
 
     features, y = feature_matrix(bag, ids), np.asarray(labels)
-    _fit_features(bag, features, y, c, weights, min_count)
+    fit_features(bag, features, y, c, weights, min_count)
     if not unlabelled:
         return np.zeros((0, bag.weight.shape[1]), dtype=np.float32)
     probs = torch.softmax(bag_logits(bag, unlabelled).double(), dim=1).float().numpy()
     if refit:
         # The labelled reviews' features are built once and reused for the second fit.
-        _fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
+        fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
                       np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c,
                       None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]), min_count)
     return probs

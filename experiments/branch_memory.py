@@ -11,6 +11,10 @@ settings and asks what each costs and gains where the recipe can see it:
 
 * ``MIN:C`` variants: slots fewer than MIN training texts have get no weight (``--ngram-min-count``), and the
   logistic regression's inverse L2 strength is C (``--ngram-c``); 2:1 is the recipe's branch.
+* ``student:MIN:C:W``: a branch that never fits a labelled review's text at full weight. The recipe's teacher,
+  fitted on the same texts, labels the unlabelled reviews; the branch is fitted on those (soft: each twice, under
+  either label, weighted by the teacher's probability of it; a slot's count includes both copies), the
+  counterfactual texts and the edits, the labelled reviews counting W each (0: not at all).
 * As ``classify.train`` does: the first fit on the run's training texts (its training reviews, the
   counterfactual pairs it trained on, the negation edits at their weight) gives the held-out logits of the run's
   validation texts, on which the mix is fitted (``Validation.scores``, whole reviews and short texts); the kept
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +42,7 @@ from classify.evaluate import run_training_split
 from classify.inference import load_run
 from classify.mix import mixed_logits
 from classify.models import ngram_branch
-from classify.ngrams import _fit_features as fit_features
-from classify.ngrams import bag_logits, feature_matrix
+from classify.ngrams import bag_logits, feature_matrix, fit_features
 from classify.text.data import Examples, unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.train import TrainConfig, Validation, counterfactual_examples, rule_made_examples
@@ -75,7 +77,6 @@ class BranchData:
     unlabelled: object            # (U, buckets) the unlabelled reviews (students only), or None
     config: TrainConfig
     model_config: object
-
 
 
 def branch_data(path: str, students: bool) -> BranchData:
@@ -118,7 +119,7 @@ def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool)
         fit_features(bag, features, labels, c, weights, min_count)
         return bag
     fit_features(bag, features, labels, config.ngram_c, np.choose(kinds, [1.0, 1.0, config.teacher_edit_weight]),
-                 config.ngram_min_count)                                                  # the teacher
+                 config.teacher_min_count)                                                # the teacher
     probs = softmax(logits_of(bag, data.unlabelled))                                      # (U, 2)
     u = len(probs)
     bag = ngram_branch(data.model_config)
