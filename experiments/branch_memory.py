@@ -39,9 +39,9 @@ import torch
 
 from classify.engine.config import runtime
 from classify.evaluate import run_training_split
-from classify.inference import load_run
+from classify.inference import load_run, softmax
 from classify.mix import mixed_logits
-from classify.models import ngram_branch
+from classify.models import ClassifierConfig, ngram_branch
 from classify.ngrams import bag_logits, feature_matrix, fit_features
 from classify.text.data import Examples, unlabelled_split
 from classify.text.prepare import Preprocessing
@@ -69,14 +69,14 @@ def parse_variant(text: str) -> tuple[str, int, float, float]:
 class BranchData:
     """A run's branch training texts as ``classify.train`` builds them, as binary feature matrices."""
 
-    train: object                 # (N, buckets) CSR: training reviews, counterfactual texts, negation edits
+    train: sp.csr_matrix          # (N, buckets): training reviews, counterfactual texts, negation edits
     labels: np.ndarray            # (N,)
     kind: np.ndarray              # (N,) 0 a training review, 1 a counterfactual text, 2 a negation edit
-    val: object                   # (V, buckets) the validation reviews
+    val: sp.csr_matrix            # (V, buckets) the validation reviews
     val_labels: np.ndarray        # (V,)
-    unlabelled: object            # (U, buckets) the unlabelled reviews (students only), or None
+    unlabelled: sp.csr_matrix | None   # (U, buckets) the unlabelled reviews (students only), or None
     config: TrainConfig
-    model_config: object
+    model_config: ClassifierConfig
 
 
 def branch_data(path: str, students: bool) -> BranchData:
@@ -132,11 +132,6 @@ def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool)
 def logits_of(bag, features) -> np.ndarray:
     """The bag's logits (N, C) for binary features (N, buckets) (its last row is the padding slot's)."""
     return features @ bag.weight.detach()[: bag.buckets].numpy() + bag.bias.detach().numpy()
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
 
 
 UNSEEN = "pair revisions, original unseen"
