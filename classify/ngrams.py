@@ -308,16 +308,17 @@ def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0,
 
 @torch.no_grad()
 def fit_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], c: float,
-                  weights: np.ndarray | None = None, min_count: int = 1) -> None:
+                  weights: np.ndarray | None = None, min_count: int = 1, smoothing: float = 1.0) -> None:
     """Fit the bag on pre-tokenized training reviews: naive-Bayes scales (two classes; 1 otherwise) and
     an L2-regularised logistic regression with inverse strength ``c`` on the scaled binary features; ``weights``
-    (N,): how much each review counts (1 by default); a slot fewer than ``min_count`` texts have keeps no weight."""
-    fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count)
+    (N,): how much each review counts (1 by default); a slot fewer than ``min_count`` texts have keeps no weight;
+    ``smoothing``: the count added to each slot's two class counts in the naive-Bayes scales."""
+    fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count, smoothing)
 
 
 @torch.no_grad()
 def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None,
-                  min_count: int = 1) -> None:
+                 min_count: int = 1, smoothing: float = 1.0) -> None:
     """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None.
 
     The solver sees only the K columns at least ``min_count`` reviews have (of IMDB's 16.8M slots, 6.3M at 1 and
@@ -328,6 +329,11 @@ def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.n
     Why ``min_count``: an n-gram only one review has is mostly that review's fingerprint (a name, a phrase), and
     its weight can only learn that review's label. Leaving them out costs no accuracy on held-out reviews
     (``classify.train --ngram-min-count``) and leaves most slots without weight, which the weights file skips.
+
+    Why ``smoothing`` (naive-Bayes' pseudo-count, 1 in NBSVM): a slot's scale is its log-count ratio, so a slot a
+    few reviews of one class have is scaled as much as a common word, and the L2 penalty, paid on the coefficient,
+    holds it back no more. A larger pseudo-count shrinks the rare slots' scales (a slot 3 reviews have: log 4 at 1,
+    log 1.3 at 10) and hardly moves a common one's, a softer ``min_count``.
     """
     import scipy.sparse as sp
     from sklearn.linear_model import LogisticRegression
@@ -339,7 +345,7 @@ def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.n
     seen, columns = _columns_in_use(features.indices, kept)                            # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value
     # of the scaled matrix is its column's ratio.
-    scale = naive_bayes_ratios(features, y, weights=weights)[seen] if binary else np.ones(len(seen))  # (K,)
+    scale = naive_bayes_ratios(features, y, smoothing, weights)[seen] if binary else np.ones(len(seen))  # (K,)
     solver = LogisticRegression(C=c, solver="liblinear" if binary else "lbfgs", max_iter=1000)
     solver.fit(sp.csr_matrix((scale[columns], columns, features.indptr), shape=(features.shape[0], len(seen))), y,
                sample_weight=weights)
@@ -384,9 +390,10 @@ def bag_logits(bag: NgramBag, ids: list[TokenIds], batch_size: int = 512) -> Ten
 
 def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], unlabelled: list[TokenIds],
                          c: float, refit: bool = True, weights: np.ndarray | None = None,
-                         min_count: int = 1) -> np.ndarray:
+                         min_count: int = 1, smoothing: float = 1.0) -> np.ndarray:
     """Fit the bag on labelled reviews (each counting ``weights[i]``, (N,), when given; slots fewer than
-    ``min_count`` of the texts fitted on have get no weight), label ``unlabelled``
+    ``min_count`` of the texts fitted on have get no weight; ``smoothing``: naive-Bayes' pseudo-count), label
+    ``unlabelled``
     with that fit (its most likely class), and, with ``refit``, fit again on all of them (self-training; an
     unlabelled review counts 1). Naive-Bayes scales are recomputed from both.
 
@@ -394,7 +401,7 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
     import scipy.sparse as sp
 
     features, y = feature_matrix(bag, ids), np.asarray(labels)
-    fit_features(bag, features, y, c, weights, min_count)
+    fit_features(bag, features, y, c, weights, min_count, smoothing)
     if not unlabelled:
         return np.zeros((0, bag.weight.shape[1]), dtype=np.float32)
     probs = torch.softmax(bag_logits(bag, unlabelled).double(), dim=1).float().numpy()
@@ -402,5 +409,6 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
         # The labelled reviews' features are built once and reused for the second fit.
         fit_features(bag, sp.vstack([features, feature_matrix(bag, unlabelled)]).tocsr(),
                       np.concatenate([y, probs.argmax(1).astype(y.dtype)]), c,
-                      None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]), min_count)
+                      None if weights is None else np.concatenate([weights, np.ones(len(unlabelled))]), min_count,
+                      smoothing)
     return probs

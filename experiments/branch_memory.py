@@ -9,9 +9,10 @@ revision it recalls the original's label. Fitted without the originals it reads 
 (``experiments/RESULTS.md``, thirty-first session). This experiment refits a trained run's branch with other
 settings and asks what each costs and gains where the recipe can see it:
 
-* ``MIN:C`` variants: slots fewer than MIN training texts have get no weight (``--ngram-min-count``), and the
-  logistic regression's inverse L2 strength is C (``--ngram-c``); 2:1 is the recipe's branch.
-* ``student:MIN:C:W``: a branch that never fits a labelled review's text at full weight. The recipe's teacher,
+* ``MIN:C[:S]`` variants: slots fewer than MIN training texts have get no weight (``--ngram-min-count``), the
+  logistic regression's inverse L2 strength is C (``--ngram-c``) and naive-Bayes' pseudo-count S (1 when left
+  out; a larger one shrinks the scales of slots few texts have); 2:1 is the recipe's branch.
+* ``student:MIN:C:W[:S]``: a branch that never fits a labelled review's text at full weight. The recipe's teacher,
   fitted on the same texts, labels the unlabelled reviews; the branch is fitted on those (soft: each twice, under
   either label, weighted by the teacher's probability of it; a slot's count includes both copies), the
   counterfactual texts and the edits, the labelled reviews counting W each (0: not at all).
@@ -52,17 +53,38 @@ from .mix_forms import PAIRS, REVISIONS, validation_of
 from .trainruns import experiment_meta, write_results
 
 
-def parse_variant(text: str) -> tuple[str, int, float, float]:
-    """"MIN:C" (the recipe's kind of fit) or "student:MIN:C:W" -> (kind, min_count, c, w)."""
+@dataclass(frozen=True)
+class Variant:
+    """One way of fitting the branch: the recipe's kind of fit (``fit``) or a ``student`` of the teacher; slots
+    fewer than ``min_count`` texts have get no weight; ``c``: inverse L2 strength; ``weight``: what a labelled
+    review counts in a student's fit; ``smoothing``: naive-Bayes' pseudo-count (``classify.ngrams.fit_features``)."""
+
+    kind: str
+    min_count: int
+    c: float
+    weight: float = 1.0
+    smoothing: float = 1.0
+
+    @property
+    def name(self) -> str:
+        fit = f"{self.min_count}:{self.c:g}" + (f":{self.smoothing:g}" if self.smoothing != 1 else "")
+        return fit if self.kind == "fit" else f"student {fit}, reviews x{self.weight:g}"
+
+
+def parse_variant(text: str) -> Variant:
+    """"MIN:C[:S]" (the recipe's kind of fit, S the naive-Bayes smoothing, 1 if left out) or
+    "student:MIN:C:W[:S]"."""
     parts = text.split(":")
     try:
-        if parts[0] == "student" and len(parts) == 4:
-            return "student", int(parts[1]), float(parts[2]), float(parts[3])
-        if len(parts) == 2:
-            return "fit", int(parts[0]), float(parts[1]), 1.0
+        if parts[0] == "student" and len(parts) in (4, 5):
+            return Variant("student", int(parts[1]), float(parts[2]), float(parts[3]),
+                           float(parts[4]) if len(parts) == 5 else 1.0)
+        if len(parts) in (2, 3):
+            return Variant("fit", int(parts[0]), float(parts[1]), 1.0, float(parts[2]) if len(parts) == 3 else 1.0)
     except ValueError:
         pass
-    raise argparse.ArgumentTypeError(f"a variant is MIN:C or student:MIN:C:W, e.g. 10:0.01 (got {text!r})")
+    raise argparse.ArgumentTypeError(f"a variant is MIN:C[:S] or student:MIN:C:W[:S], e.g. 10:0.01 or 2:1:10 "
+                                     f"(got {text!r})")
 
 
 @dataclass
@@ -101,22 +123,22 @@ def branch_data(path: str, students: bool) -> BranchData:
                       model_config)
 
 
-def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool):
+def fitted(data: BranchData, variant: Variant, kept: bool):
     """The branch of ``variant`` fitted on the run's training texts, and with ``kept`` on the validation reviews
     too (the fit the model keeps). A student: the recipe's teacher fitted on the same texts labels the unlabelled
     reviews, and the branch is fitted on those (each twice, under either label, weighted by the teacher's
-    probability of it), the counterfactual texts and the edits, the labelled reviews counting ``w`` each."""
-    kind, min_count, c, w = variant
-    config = data.config
+    probability of it), the counterfactual texts and the edits, the labelled reviews counting ``variant.weight``
+    each."""
+    config, v = data.config, variant
     features, labels, kinds = data.train, data.labels, data.kind
     if kept:   # the validation reviews count as training reviews
         features = sp.vstack([features, data.val]).tocsr()
         labels = np.concatenate([labels, data.val_labels])
         kinds = np.concatenate([kinds, np.zeros(len(data.val_labels), dtype=kinds.dtype)])
-    weights = np.choose(kinds, [w if kind == "student" else 1.0, 1.0, config.negation_edit_weight])   # (N,)
+    weights = np.choose(kinds, [v.weight if v.kind == "student" else 1.0, 1.0, config.negation_edit_weight])  # (N,)
     bag = ngram_branch(data.model_config)
-    if kind == "fit":
-        fit_features(bag, features, labels, c, weights, min_count)
+    if v.kind == "fit":
+        fit_features(bag, features, labels, v.c, weights, v.min_count, v.smoothing)
         return bag
     fit_features(bag, features, labels, config.ngram_c, np.choose(kinds, [1.0, 1.0, config.teacher_edit_weight]),
                  config.teacher_min_count)                                                # the teacher
@@ -124,8 +146,8 @@ def fitted(data: BranchData, variant: tuple[str, int, float, float], kept: bool)
     u = len(probs)
     bag = ngram_branch(data.model_config)
     fit_features(bag, sp.vstack([data.unlabelled, data.unlabelled, features]).tocsr(),
-                 np.concatenate([np.ones(u, dtype=labels.dtype), np.zeros(u, dtype=labels.dtype), labels]), c,
-                 np.concatenate([probs[:, 1], probs[:, 0], weights]), min_count)
+                 np.concatenate([np.ones(u, dtype=labels.dtype), np.zeros(u, dtype=labels.dtype), labels]), v.c,
+                 np.concatenate([probs[:, 1], probs[:, 0], weights]), v.min_count, v.smoothing)
     return bag
 
 
@@ -144,11 +166,11 @@ def accuracies(logits: np.ndarray, labels: np.ndarray, group: np.ndarray) -> dic
             for g, name in enumerate(names) if (group == g).any()}
 
 
-def study(path: str, variants: list[tuple[str, int, float, float]], device, dtype) -> dict:
+def study(path: str, variants: list[Variant], device, dtype) -> dict:
     """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run."""
     with torch.inference_mode():
         validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
-    data = branch_data(path, any(v[0] == "student" for v in variants))
+    data = branch_data(path, any(v.kind == "student" for v in variants))
     y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
     texts = group < PAIRS                              # what the mix is fitted on, as in training
     out = {"transformer": accuracies(transformer, y, group), "variants": []}
@@ -171,8 +193,7 @@ def study(path: str, variants: list[tuple[str, int, float, float]], device, dtyp
                                if scores.get(on_texts.key("mixed", g)) is not None]))
         mixed = mixed_logits(mix, transformer, ngram, lengths)
         revisions = group == REVISIONS
-        kind, min_count, c, w = variant
-        row = {"variant": (f"{min_count}:{c:g}" if kind == "fit" else f"student {min_count}:{c:g}, reviews x{w:g}"),
+        row = {"variant": variant.name,
                "slots": int((kept.weight != 0).any(dim=1).sum()), "mix": np.round(mix, 4).tolist(),
                "checkpoint_score": score, "ngram": accuracies(ngram, y, group), "mixed": accuracies(mixed, y, group),
                "seconds": round(time.monotonic() - t)}
@@ -190,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="run folders trained with the n-gram branch and "
                                                             "--counterfactual")
-    p.add_argument("--variants", nargs="+", type=parse_variant, default=[("fit", 2, 1.0, 1.0)], metavar="VARIANT",
-                   help="branch fits to compare: MIN:C, min count and C (2:1 is the recipe's); student:MIN:C:W, a "
-                        "student of the teacher on the unlabelled reviews, the labelled reviews counting W")
+    p.add_argument("--variants", nargs="+", type=parse_variant, default=[Variant("fit", 2, 1.0)], metavar="VARIANT",
+                   help="branch fits to compare: MIN:C[:S], min count, C and naive-Bayes smoothing (2:1 is the "
+                        "recipe's, S 1 if left out); student:MIN:C:W[:S], a student of the teacher on the unlabelled "
+                        "reviews, the labelled reviews counting W")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
@@ -202,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
     groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "
-             f"C): slots with a weight, the checkpoint's score (the mix's mean accuracy over the validation groups), "
-             f"then accuracy per group of the mix and of the branch alone; the transformer alone for scale. Pairs: "
+             f"C, naive-Bayes smoothing if not 1): slots with a weight, the checkpoint's score (the mix's mean "
+             f"accuracy over the validation groups), then accuracy per group of the mix and of the branch alone; the transformer alone for scale. Pairs: "
              f"the validation pairs, scored with the kept fit (which saw their originals); the last column, their "
              f"revisions scored with the first fit (which did not).", "",
              f"| run | fit | slots | checkpoint score | system | {' | '.join(groups)} |",

@@ -24,6 +24,8 @@ comma-separated list of changes to plain 1-3-grams in 4,194,301 slots (an empty 
   the edited reviews the issue's contrast set stands for.
 * ``min=N``: slots fewer than N of the texts fitted on have keep no weight (``--ngram-min-count``): an n-gram one
   review alone has is mostly that review's fingerprint.
+* ``nb=N``: naive-Bayes' pseudo-count N instead of 1 (``classify.ngrams.fit_features``): the scales of slots few
+  texts have shrink, a softer ``min``.
 
 Beside validation and test accuracy, each variant's failure rates on the behavioural suite's labelled sentences
 (``classify.behaviour``; all of them, and the negated positives and negatives): the suite is only scored, never
@@ -69,7 +71,7 @@ from .trainruns import experiment_meta, write_results
 
 ORDERS = 3
 PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
-         "neg": 0, "edits": 0, "cf": 0, "min": 1}
+         "neg": 0, "edits": 0, "cf": 0, "min": 1, "nb": 1}
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
                     "len=100000", "vocab=200000", "skip,head=30,tail=60,buckets=16777259,neg=4")
@@ -82,7 +84,8 @@ def parse_variant(text: str) -> dict:
         key, _, value = part.partition("=")
         if key not in PLAIN or (value == "") != isinstance(PLAIN[key], bool) or (value and not value.isdigit()):
             raise argparse.ArgumentTypeError(f"a variant is a comma-separated list of skip, self, head=N, tail=N, "
-                                             f"buckets=N, vocab=N, len=N, neg=N, edits=P, cf=P, min=N; got {text!r}")
+                                             f"buckets=N, vocab=N, len=N, neg=N, edits=P, cf=P, min=N, nb=N; "
+                                             f"got {text!r}")
         variant[key] = True if value == "" else int(value)
     return variant
 
@@ -140,7 +143,8 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
         parts = [(ids, labels, weight) for ids, labels, weight in parts if weight]
         self_train_ngram_bag(bag, [x for ids, _, _ in parts for x in ids],
                              [y for _, labels, _ in parts for y in labels], [], c,
-                             weights=np.concatenate([np.full(len(ids), w) for ids, _, w in parts]), min_count=v["min"])
+                             weights=np.concatenate([np.full(len(ids), w) for ids, _, w in parts]), min_count=v["min"],
+                             smoothing=v["nb"])
         out.append({"fold": fold, "features": describe(bag.kinds, bag.negation), "reviews": len(held),
                     "edits": len(held_edits.texts), "pairs": len(pairs.texts) // 2 if v["cf"] else 0,
                     "weighted_slots": int((bag.weight != 0).any(dim=1).sum()),
@@ -171,16 +175,16 @@ def cross_validate(args: argparse.Namespace, argv: list[str] | None) -> int:
              f"{sum(f['reviews'] for f in rows[0]['folds']):,} training reviews, folds grouped by movie; C = {args.c}; "
              f"{args.threads} folds at a time, one thread each. The test split and the suite are not read.", "",
              "| features | slots | negation edits' weight | counterfactual pairs' weight | texts a weighted slot needs "
-             "| slots with a weight (mean over folds) | accuracy, held-out reviews "
+             "| naive-Bayes pseudo-count | slots with a weight (mean over folds) | accuracy, held-out reviews "
              "| difference from the first (± s.e. over folds) | accuracy, held-out edits | accuracy, the held-out "
-             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         edit = f"{r['edits'] / 100:g}" if r["edits"] else "-"
         pairs = f"{r['cf'] / 100:g}" if r["cf"] else "-"
         diff = "-" if r is rows[0] else f"{r['difference'] * 100:+.2f} ± {r['difference_se'] * 100:.2f} points"
         revised = "-" if r["revised_accuracy"] is None else f"{r['revised_accuracy']:.2%}"
         weighted = np.mean([f["weighted_slots"] for f in r["folds"]])
-        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | {r['min']} | "
+        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | {r['min']} | {r['nb']} | "
                      f"{weighted:,.0f} | {r['accuracy']:.2%} | {diff} | {r['edit_accuracy']:.2%} | {revised} |")
     write_results(results_folder(args), "ngram_branch_cv", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
@@ -240,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         self_train_ngram_bag(bag, ids["train"] + (ids["edits"] if v["edits"] else []),
                              train.labels + (edits.labels if v["edits"] else []),
                              encode(v, "unlabelled", unlabelled) if v["self"] else [], args.c, weights=weights,
-                             min_count=v["min"])
+                             min_count=v["min"], smoothing=v["nb"])
         row = {**v, "vocab_asked": v["vocab"], "vocab": size, "features": describe(bag.kinds, bag.negation),
                "unlabelled": len(unlabelled) if v["self"] else 0,
                "val_accuracy": accuracy(bag, ids["val"], val.labels),

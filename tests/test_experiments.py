@@ -162,14 +162,16 @@ def test_ngram_branch_cross_validates_each_variant_over_grouped_folds(unlabelled
     from experiments.ngram_branch import main as branch_main
 
     argv = ["--data", str(unlabelled_data), "--folds", "2", "--threads", "2", "--variants",
-            "vocab=200,len=64,buckets=1009", "vocab=200,len=64,buckets=1009,neg=3,edits=10", "--results", str(tmp_path)]
+            "vocab=200,len=64,buckets=1009", "vocab=200,len=64,buckets=1009,neg=3,edits=10",
+            "vocab=200,len=64,buckets=1009,nb=64", "--results", str(tmp_path)]
     assert branch_main(argv) == 0
     rows = json.loads((tmp_path / "ngram_branch_cv.json").read_text())["rows"]
-    assert [len(r["folds"]) for r in rows] == [2, 2] and rows[0]["difference"] == 0
+    assert [len(r["folds"]) for r in rows] == [2, 2, 2] and rows[0]["difference"] == 0
     for r in rows:   # every training review held out exactly once
         assert sum(f["reviews"] for f in r["folds"]) == 400 and 0.5 < r["accuracy"] <= 1
         assert r["accuracy"] == pytest.approx(sum(f["accuracy"] for f in r["folds"]) / 2)
-    assert "test_accuracy" not in rows[0] and "| 0.1 |" in (tmp_path / "ngram_branch_cv.md").read_text()
+    table = (tmp_path / "ngram_branch_cv.md").read_text()
+    assert "test_accuracy" not in rows[0] and "| 0.1 |" in table and "| 64 |" in table   # pseudo-count column
 
 
 def test_ngram_branch_cross_validation_fits_the_pairs_whose_original_is_not_held_out(unlabelled_data,
@@ -195,7 +197,8 @@ def test_ngram_branch_variants_are_checked():
 
     assert parse_variant("") == PLAIN
     assert parse_variant("skip,tail=60,buckets=7")["skip"] and parse_variant("tail=60")["tail"] == 60
-    for bad in ("skip=1", "tail", "colour=3", "len=x"):
+    assert PLAIN["nb"] == 1 and parse_variant("min=5,nb=16")["nb"] == 16
+    for bad in ("skip=1", "tail", "colour=3", "len=x", "nb=0.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_variant(bad)
 
@@ -303,7 +306,7 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     from classify.inference import load_run
     from classify.ngrams import bag_logits
     from classify.text.prepare import Preprocessing
-    from experiments.branch_memory import branch_data, fitted, logits_of
+    from experiments.branch_memory import Variant, branch_data, fitted, logits_of
     from experiments.branch_memory import main as memory_main
 
     run = tmp_path / "run"
@@ -311,7 +314,7 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
                        "--counterfactual", str(counterfactual_data), *TINY_MODEL_ARGS]) == 0
     # The recipe's variant is the run's own branch: the same training texts, weights and fits.
     data = branch_data(str(run), students=True)
-    first, kept = (fitted(data, ("fit", 2, 1.0, 1.0), kept=k) for k in (False, True))
+    first, kept = (fitted(data, Variant("fit", 2, 1.0), kept=k) for k in (False, True))
     count = json.loads((run / "branch_validation.json").read_text())["count"]
     reviews = len(data.val_labels)
     np.testing.assert_allclose(RunFolder(run, "classifier").branch_validation(count, 2)[:reviews],
@@ -322,11 +325,13 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     np.testing.assert_allclose(bag_logits(loaded.model.ngram, as_trained.ids(val.texts)).numpy(),
                                logits_of(kept, data.val), atol=1e-4)
 
-    assert memory_main(["--runs", str(run), "--variants", "2:1", "3:0.5", "student:2:1:0", "--results",
+    assert memory_main(["--runs", str(run), "--variants", "2:1", "3:0.5", "2:1:8", "student:2:1:0",
+                        "--results",
                         str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"]
-    assert [r["variant"] for r in rows] == ["2:1", "3:0.5", "student 2:1, reviews x0"]
+    assert [r["variant"] for r in rows] == ["2:1", "3:0.5", "2:1:8", "student 2:1, reviews x0"]
     assert rows[1]["slots"] < rows[0]["slots"]
+    assert rows[2]["mix"] != rows[0]["mix"]      # the smoothing reaches the fit
     assert all(0 <= v <= 1 for r in rows for system in ("ngram", "mixed") for v in r[system].values())
     assert "pair revisions, original unseen" in rows[0]["ngram"]
     assert "| 3:0.5 |" in (tmp_path / "branch_memory.md").read_text()

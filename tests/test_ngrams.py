@@ -164,6 +164,25 @@ def test_min_count_leaves_slots_too_few_reviews_have_without_weight():
         assert (bag_logits(bag, [[10], [20]]).argmax(1).tolist() == [1, 0])
 
 
+def test_smoothing_shrinks_the_weights_of_slots_few_reviews_have_more_than_shared_ones():
+    # As above: every review has a fingerprint bigram of its own and one of two shared sentiment words.
+    labels = [i % 2 for i in range(60)]
+    ids = [[10 if y else 20, 30 + i % 20, 30 + i // 20] for i, y in enumerate(labels)]
+    counts = np.bincount(feature_matrix(NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0), ids).indices, minlength=BUCKETS)
+    (shared,) = expected_slots([10])                # the unigram "10", half the reviews have it
+
+    def weights(smoothing: float) -> tuple[float, float]:
+        bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+        fit_ngram_bag(bag, ids, labels, c=1.0, smoothing=smoothing)
+        direction = (bag.weight[:BUCKETS, 1] - bag.weight[:BUCKETS, 0]).abs().detach().numpy()
+        return float(direction[counts == 1].mean()), float(direction[shared])
+
+    (rare_1, shared_1), (rare_20, shared_20) = weights(1.0), weights(20.0)
+    assert rare_20 < 0.5 * rare_1                  # a fingerprint's weight shrinks a lot
+    assert shared_20 > 0.5 * shared_1              # the word 30 reviews share keeps most of its weight
+    assert rare_20 / shared_20 < rare_1 / shared_1
+
+
 def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_their_company():
     rng = np.random.default_rng(2)
     good, bad, new_good, new_bad = 10, 20, 13, 23   # new_*: never in a labelled review
