@@ -314,7 +314,8 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
                        "--counterfactual", str(counterfactual_data), *TINY_MODEL_ARGS]) == 0
     # The recipe's variant is the run's own branch: the same training texts, weights and fits.
     data = branch_data(str(run), students=True)
-    first, kept = (fitted(data, Variant("fit", 2, 1.0), kept=k) for k in (False, True))
+    recipe = Variant("fit", data.config.ngram_min_count, data.config.ngram_c)
+    first, kept = (fitted(data, recipe, kept=k) for k in (False, True))
     count = json.loads((run / "branch_validation.json").read_text())["count"]
     reviews = len(data.val_labels)
     np.testing.assert_allclose(RunFolder(run, "classifier").branch_validation(count, 2)[:reviews],
