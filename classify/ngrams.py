@@ -296,13 +296,13 @@ def feature_matrix(bag: NgramBag, ids: list[TokenIds], batch_size: int = 256):
     return sp.csr_matrix((np.ones(len(indices), dtype=np.float32), indices, indptr), shape=(len(ids), bag.buckets))
 
 
-def naive_bayes_ratios(features, labels: np.ndarray, alpha: float = 1.0,
+def naive_bayes_ratios(features, labels: np.ndarray, smoothing: float = 1.0,
                        weights: np.ndarray | None = None) -> np.ndarray:
-    """log(p / q) per feature, p and q the smoothed, normalised feature counts of class 1 and class 0 (each
-    review counted ``weights[i]`` times when given)."""
+    """log(p / q) per feature, p and q the feature counts of class 1 and class 0 plus ``smoothing`` each,
+    normalised (each review counted ``weights[i]`` times when given)."""
     w = np.ones(len(labels)) if weights is None else np.asarray(weights, dtype=np.float64)
-    p = alpha + features.T @ (w * (labels == 1))
-    q = alpha + features.T @ (w * (labels == 0))
+    p = smoothing + features.T @ (w * (labels == 1))
+    q = smoothing + features.T @ (w * (labels == 0))
     return np.log((p / p.sum()) / (q / q.sum()))
 
 
@@ -393,9 +393,8 @@ def self_train_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], 
                          min_count: int = 1, smoothing: float = 1.0) -> np.ndarray:
     """Fit the bag on labelled reviews (each counting ``weights[i]``, (N,), when given; slots fewer than
     ``min_count`` of the texts fitted on have get no weight; ``smoothing``: naive-Bayes' pseudo-count), label
-    ``unlabelled``
-    with that fit (its most likely class), and, with ``refit``, fit again on all of them (self-training; an
-    unlabelled review counts 1). Naive-Bayes scales are recomputed from both.
+    ``unlabelled`` with that fit (its most likely class), and, with ``refit``, fit again on all of them
+    (self-training; an unlabelled review counts 1). Naive-Bayes scales are recomputed from both.
 
     Returns the first fit's class probabilities for the unlabelled reviews, (N, C) float32."""
     import scipy.sparse as sp

@@ -225,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "
              f"C, naive-Bayes smoothing if not 1): slots with a weight, the checkpoint's score (the mix's mean "
-             f"accuracy over the validation groups), then accuracy per group of the mix and of the branch alone; the transformer alone for scale. Pairs: "
-             f"the validation pairs, scored with the kept fit (which saw their originals); the last column, their "
-             f"revisions scored with the first fit (which did not).", "",
+             f"accuracy over the validation groups), then accuracy per group of the mix and of the branch alone; "
+             f"the transformer alone for scale. Pairs: the validation pairs, scored with the kept fit (which saw "
+             f"their originals); the last column, their revisions scored with the first fit (which did not).", "",
              f"| run | fit | slots | checkpoint score | system | {' | '.join(groups)} |",
              "|---|---|---|---|---|" + "---|" * len(groups)]
     for path, result in results.items():
