@@ -24,26 +24,34 @@ settings and asks what each costs and gains where the recipe can see it:
   the kept fit, which has seen their originals and never their revisions: the situation of the held-out quarter
   and of the public contrast sets, seen from validation.
 
-The transformer is the run's own (its best weights); only the branch and the mix change.
+The transformer is the run's own (its best weights); only the branch and the mix change. With ``--save FOLDER``
+each variant's model is also written as a run folder (``FOLDER/RUN-minMIN-cC``: the run's transformer, the
+variant's kept branch and mix, its held-out validation logits; ``config.json`` says what was grafted), so the
+commands that score a run (``classify.evaluate``, ``experiments.behaviour``) can compare branch fits under one
+transformer, free of the run-to-run spread of training.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from classify.engine.config import runtime
+from classify.engine.files import load_model_weights, model_state, read_json, save_tensors, write_json
+from classify.engine.runfolder import CONFIG, TOKENIZER, WEIGHTS, RunFolder, read_model_config
 from classify.evaluate import run_training_split
-from classify.inference import load_run, softmax
+from classify.inference import KIND, load_run, softmax
 from classify.mix import mixed_logits
-from classify.models import ClassifierConfig, ngram_branch
-from classify.ngrams import bag_logits, feature_matrix, fit_features
+from classify.models import Classifier, ClassifierConfig, ngram_branch
+from classify.ngrams import NgramBag, bag_logits, feature_matrix, fit_features
 from classify.text.data import Examples, unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.train import TrainConfig, Validation, counterfactual_examples, rule_made_examples
@@ -166,8 +174,30 @@ def accuracies(logits: np.ndarray, labels: np.ndarray, group: np.ndarray) -> dic
             for g, name in enumerate(names) if (group == g).any()}
 
 
-def study(path: str, variants: list[Variant], device, dtype) -> dict:
-    """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run."""
+def save_graft(path: str, variant: Variant, kept: NgramBag, mix: np.ndarray, held_out: np.ndarray,
+               folder: Path) -> Path:
+    """Write the run at ``path`` with ``variant``'s kept branch and ``mix`` (2, 2) in place of its own, and the
+    branch's held-out logits of the validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC``."""
+    out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}"
+    out.mkdir(parents=True, exist_ok=True)
+    config = read_json(Path(path) / CONFIG, "the run's config")
+    config["train"].update(ngram_min_count=variant.min_count, ngram_c=variant.c)
+    config["graft"] = {"from": str(path), "branch": variant.name, "by": "experiments.branch_memory --save"}
+    write_json(out / CONFIG, config)
+    shutil.copyfile(Path(path) / TOKENIZER, out / TOKENIZER)
+    _, model_config = read_model_config(path, KIND, ClassifierConfig)
+    model = Classifier(model_config)
+    load_model_weights(model, Path(path) / WEIGHTS)
+    model.ngram.load_state_dict(kept.state_dict())
+    model.mix.copy_(torch.as_tensor(mix, dtype=model.mix.dtype))
+    save_tensors(out / WEIGHTS, model_state(model))
+    RunFolder(out, KIND).save_branch_validation(held_out)
+    return out
+
+
+def study(path: str, variants: list[Variant], device, dtype, save: Path | None = None) -> dict:
+    """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run; with
+    ``save``, each variant's model written there (``save_graft``)."""
     with torch.inference_mode():
         validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
     data = branch_data(path, any(v.kind == "student" for v in variants))
@@ -200,6 +230,8 @@ def study(path: str, variants: list[Variant], device, dtype) -> dict:
         # The revisions again, their originals unseen: the first fit's logits (the validation reviews left out).
         for system, logits in (("ngram", unseen), ("mixed", mixed_logits(mix, transformer, unseen, lengths))):
             row[system][UNSEEN] = float((logits[revisions].argmax(1) == y[revisions]).mean())
+        if save is not None:
+            row["saved"] = str(save_graft(path, variant, kept, mix, ngram[texts], save))
         out["variants"].append(row)
         print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
               "ngram", row["ngram"], flush=True)
@@ -215,12 +247,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="branch fits to compare: MIN:C[:S], min count, C and naive-Bayes smoothing (2:1 is the "
                         "recipe's, S 1 if left out); student:MIN:C:W[:S], a student of the teacher on the unlabelled "
                         "reviews, the labelled reviews counting W")
+    p.add_argument("--save", type=Path, default=None, metavar="FOLDER",
+                   help="also write each variant's model as a run folder FOLDER/RUN-minMIN-cC (the run's transformer, "
+                        "the variant's kept branch and mix), for classify.evaluate and experiments.behaviour; MIN:C "
+                        "variants only (classify.train has flags for those)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)
+    if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants):
+        p.error("--save writes MIN:C variants only: a run's config.json cannot describe the others")
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
-    results = {path: study(path, args.variants, device, dtype) for path in args.runs}
+    results = {path: study(path, args.variants, device, dtype, args.save) for path in args.runs}
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
     groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "

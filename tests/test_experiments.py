@@ -337,6 +337,28 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     assert "pair revisions, original unseen" in rows[0]["ngram"]
     assert "| 3:0.5 |" in (tmp_path / "branch_memory.md").read_text()
 
+    # --save: each variant's model as a run folder; the recipe's own variant is the run itself.
+    assert memory_main(["--runs", str(run), "--variants", "2:1", "3:0.5", "--save", str(tmp_path / "grafts"),
+                        "--results", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"]
+    same, looser = (load_run(r["saved"], torch.device("cpu")) for r in rows)
+    assert looser.config["train"]["ngram_min_count"] == 3 and looser.config["graft"]["from"] == str(run)
+    ids = as_trained.ids(val.texts)
+    for name, tensor in loaded.model.state_dict().items():
+        if not name.startswith(("ngram.", "mix")):
+            assert torch.equal(tensor, looser.model.state_dict()[name]), name   # the transformer is the run's
+    np.testing.assert_allclose(bag_logits(same.model.ngram, ids).numpy(), bag_logits(loaded.model.ngram, ids).numpy(),
+                               atol=1e-4)
+    assert not np.allclose(bag_logits(looser.model.ngram, ids).numpy(), bag_logits(loaded.model.ngram, ids).numpy(),
+                           atol=1e-4)
+    # The mix is fitted again on the transformer's validation logits, computed here in other batches than in
+    # training (bf16 on a CPU that has it): the same mix to within a percent.
+    np.testing.assert_allclose(same.model.mix.numpy(), loaded.model.mix.numpy(), rtol=0.01)
+    np.testing.assert_allclose(RunFolder(rows[0]["saved"], "classifier").branch_validation(count, 2),
+                               RunFolder(run, "classifier").branch_validation(count, 2), atol=1e-4)
+    with pytest.raises(SystemExit):   # a student's fit has no flags to describe it in config.json
+        memory_main(["--runs", str(run), "--variants", "student:2:1:0", "--save", str(tmp_path / "grafts")])
+
 
 def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parquet_data, tmp_path):
     counts = negation_forms.how_reviews_negate(["It was no gem. It was not a gem. It isn't a film, it wasn't good.",
