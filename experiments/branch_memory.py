@@ -195,12 +195,13 @@ def save_graft(path: str, variant: Variant, kept: NgramBag, mix: np.ndarray, hel
     return out
 
 
-def study(path: str, variants: list[Variant], device, dtype, save: Path | None = None) -> dict:
-    """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run; with
-    ``save``, each variant's model written there (``save_graft``)."""
+def study(path: str, variants: list[Variant] | None, device, dtype, save: Path | None = None) -> dict:
+    """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run (no
+    ``variants``: the run's own fit); with ``save``, each variant's model written there (``save_graft``)."""
     with torch.inference_mode():
         validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
-    data = branch_data(path, any(v.kind == "student" for v in variants))
+    data = branch_data(path, any(v.kind == "student" for v in variants or []))
+    variants = variants or [Variant("fit", data.config.ngram_min_count, data.config.ngram_c)]   # the run's own
     y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
     texts = group < PAIRS                              # what the mix is fitted on, as in training
     out = {"transformer": accuracies(transformer, y, group), "variants": []}
@@ -243,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, help="run folders trained with the n-gram branch and "
                                                             "--counterfactual")
-    p.add_argument("--variants", nargs="+", type=parse_variant, default=[Variant("fit", 2, 1.0)], metavar="VARIANT",
-                   help="branch fits to compare: MIN:C[:S], min count, C and naive-Bayes smoothing (2:1 is the "
-                        "recipe's, S 1 if left out); student:MIN:C:W[:S], a student of the teacher on the unlabelled "
-                        "reviews, the labelled reviews counting W")
+    p.add_argument("--variants", nargs="+", type=parse_variant, default=None, metavar="VARIANT",
+                   help="branch fits to compare: MIN:C[:S], min count, C and naive-Bayes smoothing (S 1 if left out); "
+                        "student:MIN:C:W[:S], a student of the teacher on the unlabelled reviews, the labelled reviews "
+                        "counting W (default: each run's own fit, its --ngram-min-count and --ngram-c)")
     p.add_argument("--save", type=Path, default=None, metavar="FOLDER",
                    help="also write each variant's model as a run folder FOLDER/RUN-minMIN-cC (the run's transformer, "
                         "the variant's kept branch and mix), for classify.evaluate and experiments.behaviour; MIN:C "
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)
-    if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants):
+    if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants or []):
         p.error("--save writes MIN:C variants only: a run's config.json cannot describe the others")
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
     results = {path: study(path, args.variants, device, dtype, args.save) for path in args.runs}

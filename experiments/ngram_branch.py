@@ -72,6 +72,7 @@ from .trainruns import experiment_meta, write_results
 ORDERS = 3
 PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
          "neg": 0, "edits": 0, "cf": 0, "min": 1, "nb": 1}
+PERCENT_KEYS = ("edits", "cf")   # given in percent: edits=1 weighs each negation edit 0.01
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
                     "len=100000", "vocab=200000", "skip,head=30,tail=60,buckets=16777259,neg=4")
@@ -83,9 +84,9 @@ def parse_variant(text: str) -> dict:
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         if key not in PLAIN or (value == "") != isinstance(PLAIN[key], bool) or (value and not value.isdigit()):
-            raise argparse.ArgumentTypeError(f"a variant is a comma-separated list of skip, self, head=N, tail=N, "
-                                             f"buckets=N, vocab=N, len=N, neg=N, edits=P, cf=P, min=N, nb=N; "
-                                             f"got {text!r}")
+            keys = ", ".join(k if isinstance(v, bool) else f"{k}={'P' if k in PERCENT_KEYS else 'N'}"
+                             for k, v in PLAIN.items())
+            raise argparse.ArgumentTypeError(f"a variant is a comma-separated list of {keys}; got {text!r}")
         variant[key] = True if value == "" else int(value)
     return variant
 

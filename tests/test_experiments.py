@@ -356,6 +356,9 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     np.testing.assert_allclose(same.model.mix.numpy(), loaded.model.mix.numpy(), rtol=0.01)
     np.testing.assert_allclose(RunFolder(rows[0]["saved"], "classifier").branch_validation(count, 2),
                                RunFolder(run, "classifier").branch_validation(count, 2), atol=1e-4)
+    assert memory_main(["--runs", str(run), "--results", str(tmp_path)]) == 0    # by default the run's own fit
+    rows = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"]
+    assert [r["variant"] for r in rows] == [recipe.name]
     with pytest.raises(SystemExit):   # a student's fit has no flags to describe it in config.json
         memory_main(["--runs", str(run), "--variants", "student:2:1:0", "--save", str(tmp_path / "grafts")])
 
