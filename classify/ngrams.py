@@ -316,10 +316,28 @@ def fit_ngram_bag(bag: NgramBag, ids: list[TokenIds], labels: list[int], c: floa
     fit_features(bag, feature_matrix(bag, ids), np.asarray(labels), c, weights, min_count, smoothing)
 
 
+def group_counts(features, groups: np.ndarray, buckets: int) -> np.ndarray:
+    """How many distinct groups have each slot: binary features (N, buckets), groups (N,) int, a text of group -1
+    counted in none -> (buckets,) int64. With IMDB's movies as groups (``classify.text.review_groups``), a slot one
+    movie's reviews alone have (a title, a character, an actor) counts 1, however many reviews have it."""
+    import scipy.sparse as sp
+
+    groups = np.asarray(groups)
+    rows = np.flatnonzero(groups >= 0)
+    _, group = np.unique(groups[rows], return_inverse=True)
+    membership = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (group, rows)),
+                               shape=(int(group.max(initial=-1)) + 1, features.shape[0]))
+    per_group = (membership @ features).tocsr()                                   # (G, buckets), > 0 where present
+    return np.bincount(per_group.indices, minlength=buckets)
+
+
 @torch.no_grad()
 def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.ndarray | None = None,
-                 min_count: int = 1, smoothing: float = 1.0) -> None:
-    """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None.
+                 min_count: int = 1, smoothing: float = 1.0, groups: np.ndarray | None = None,
+                 min_groups: int = 1) -> None:
+    """``fit_ngram_bag`` on the reviews' binary feature matrix (N, buckets), labels (N,) and weights (N,) or None;
+    with ``groups`` (N,) int (-1: in none), a slot fewer than ``min_groups`` groups have keeps no weight either
+    (``group_counts``).
 
     The solver sees only the K columns at least ``min_count`` reviews have (of IMDB's 16.8M slots, 6.3M at 1 and
     2.1M at 2): liblinear copies the matrix and keeps several vectors as long as its columns, and a column no
@@ -340,7 +358,9 @@ def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.n
 
     binary = bag.weight.shape[1] == 2
     kept = np.bincount(features.indices, minlength=bag.buckets) >= max(1, min_count)    # (buckets,) slots fitted
-    if min_count > 1:
+    if groups is not None and min_groups > 1:
+        kept &= group_counts(features, groups, bag.buckets) >= min_groups
+    if min_count > 1 or not kept[features.indices].all():
         features = _only_columns(features, kept)
     seen, columns = _columns_in_use(features.indices, kept)                            # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value

@@ -26,6 +26,9 @@ comma-separated list of changes to plain 1-3-grams in 4,194,301 slots (an empty 
   review alone has is mostly that review's fingerprint.
 * ``nb=N``: naive-Bayes' pseudo-count N instead of 1 (``classify.ngrams.fit_features``): the scales of slots few
   texts have shrink, a softer ``min``.
+* ``movies=N`` (with ``--folds``): slots fewer than N movies' reviews have keep no weight either (the movies
+  that ``classify.text.review_groups`` recovers; an edit or a pair counts in none): a title, a character or an
+  actor of one movie is that movie's fingerprint however many of its reviews name it.
 
 Beside validation and test accuracy, each variant's failure rates on the behavioural suite's labelled sentences
 (``classify.behaviour``; all of them, and the negated positives and negatives): the suite is only scored, never
@@ -58,7 +61,7 @@ import torch
 
 from classify.behaviour import build_suite, score, suite_texts, summary
 from classify.text.prepare import Preprocessing
-from classify.ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
+from classify.ngrams import NgramBag, bag_logits, describe, feature_matrix, fit_features, self_train_ngram_bag
 from classify.text.counterfactual import load_pairs
 from classify.text.data import Examples, load_split, normalize, training_split
 from classify.text.review_groups import review_groups
@@ -71,7 +74,7 @@ from .trainruns import experiment_meta, write_results
 
 ORDERS = 3
 PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
-         "neg": 0, "edits": 0, "cf": 0, "min": 1, "nb": 1}
+         "neg": 0, "edits": 0, "cf": 0, "min": 1, "nb": 1, "movies": 0}
 PERCENT_KEYS = ("edits", "cf")   # given in percent: edits=1 weighs each negation edit 0.01
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
@@ -142,10 +145,12 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
         parts = [(fit_ids, fit.labels, 1.0), (edit_ids, edits.labels, v["edits"] / 100),
                  (pair_ids, pairs.labels, v["cf"] / 100)]
         parts = [(ids, labels, weight) for ids, labels, weight in parts if weight]
-        self_train_ngram_bag(bag, [x for ids, _, _ in parts for x in ids],
-                             [y for _, labels, _ in parts for y in labels], [], c,
-                             weights=np.concatenate([np.full(len(ids), w) for ids, _, w in parts]), min_count=v["min"],
-                             smoothing=v["nb"])
+        weights = np.concatenate([np.full(len(ids), w) for ids, _, w in parts])
+        # The movies of the reviews fitted on (``movies=N``: a slot needs N of them); an edit or a pair is in none.
+        movies = np.concatenate([np.asarray(groups)[fit_idx], np.full(len(weights) - len(fit_idx), -1)])
+        fit_features(bag, feature_matrix(bag, [x for ids, _, _ in parts for x in ids]),
+                     np.asarray([y for _, labels, _ in parts for y in labels]), c, weights, v["min"], v["nb"],
+                     movies, v["movies"])
         out.append({"fold": fold, "features": describe(bag.kinds, bag.negation), "reviews": len(held),
                     "edits": len(held_edits.texts), "pairs": len(pairs.texts) // 2 if v["cf"] else 0,
                     "weighted_slots": int((bag.weight != 0).any(dim=1).sum()),
@@ -176,9 +181,10 @@ def cross_validate(args: argparse.Namespace, argv: list[str] | None) -> int:
              f"{sum(f['reviews'] for f in rows[0]['folds']):,} training reviews, folds grouped by movie; C = {args.c}; "
              f"{args.threads} folds at a time, one thread each. The test split and the suite are not read.", "",
              "| features | slots | negation edits' weight | counterfactual pairs' weight | texts a weighted slot needs "
-             "| naive-Bayes pseudo-count | slots with a weight (mean over folds) | accuracy, held-out reviews "
+             "| naive-Bayes pseudo-count | movies a weighted slot needs | slots with a weight (mean over folds) "
+             "| accuracy, held-out reviews "
              "| difference from the first (± s.e. over folds) | accuracy, held-out edits | accuracy, the held-out "
-             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         edit = f"{r['edits'] / 100:g}" if r["edits"] else "-"
         pairs = f"{r['cf'] / 100:g}" if r["cf"] else "-"
@@ -186,6 +192,7 @@ def cross_validate(args: argparse.Namespace, argv: list[str] | None) -> int:
         revised = "-" if r["revised_accuracy"] is None else f"{r['revised_accuracy']:.2%}"
         weighted = np.mean([f["weighted_slots"] for f in r["folds"]])
         lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | {r['min']} | {r['nb']} | "
+                     f"{r['movies'] or '-'} | "
                      f"{weighted:,.0f} | {r['accuracy']:.2%} | {diff} | {r['edit_accuracy']:.2%} | {revised} |")
     write_results(results_folder(args), "ngram_branch_cv", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
@@ -208,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if any(v["cf"] for v in args.variants) and not (args.folds and args.counterfactual):
         p.error("a cf=P variant needs --folds and --counterfactual")
+    if any(v["movies"] for v in args.variants) and not args.folds:
+        p.error("a movies=N variant needs --folds")
     if args.folds is not None:
         if args.folds < 2:
             p.error(f"--folds must be at least 2, got {args.folds}")

@@ -18,8 +18,8 @@ from classify.engine.runfolder import LAST, RunFolder
 from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
 from classify.mix import fit_mix, mix_features, mixed_logits
-from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_ngram_bag, negation_scope,
-                             ngram_ids, self_train_ngram_bag)
+from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_features, fit_ngram_bag,
+                             group_counts, negation_scope, ngram_ids, self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
 HEAD, TAIL = 4, 5   # the families' sizes in these tests (the default model's are 30 and 60)
@@ -181,6 +181,24 @@ def test_smoothing_shrinks_the_weights_of_slots_few_reviews_have_more_than_share
     assert rare_20 < 0.5 * rare_1                  # a fingerprint's weight shrinks a lot
     assert shared_20 > 0.5 * shared_1              # the word 30 reviews share keeps most of its weight
     assert rare_20 / shared_20 < rare_1 / shared_1
+
+
+def test_a_slot_one_movie_alone_has_keeps_no_weight_with_min_groups():
+    # Reviews of six movies, three each; each movie's reviews name it (a token of its own, 40 + movie) and carry
+    # one of two shared sentiment words; the last two texts belong to no movie (group -1), like an edit.
+    labels = [m % 2 for m in range(6) for _ in range(3)] + [1, 1]
+    groups = np.asarray([m for m in range(6) for _ in range(3)] + [-1, -1])
+    ids = [[10 if y else 20, 40 + m] for m, y in zip(groups[:18], labels)] + [[10, 46], [10, 46]]
+    bag = NgramBag(VOCAB, 2, 1, BUCKETS, pad_id=0)
+    features = feature_matrix(bag, ids)
+    by_movie = group_counts(features, groups, BUCKETS)
+    (good,), (bad,), (title,), (edit_only,) = (expected_slots([t], orders=1) for t in (10, 20, 41, 46))
+    assert (by_movie[good], by_movie[bad], by_movie[title], by_movie[edit_only]) == (3, 3, 1, 0)
+    fit_features(bag, features, np.asarray(labels), c=1.0, min_count=2, groups=groups, min_groups=2)
+    weighted = set(np.flatnonzero((bag.weight[:BUCKETS] != 0).any(1).numpy()).tolist())
+    assert weighted == {good, bad}                 # the titles (3 texts, one movie) and the edit-only word: none
+    fit_features(bag, features, np.asarray(labels), c=1.0, min_count=2)
+    assert {title, edit_only} <= set(np.flatnonzero((bag.weight[:BUCKETS] != 0).any(1).numpy()).tolist())
 
 
 def test_self_training_gives_words_seen_only_in_unlabelled_reviews_the_sign_of_their_company():
