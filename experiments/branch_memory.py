@@ -11,7 +11,7 @@ settings and asks what each costs and gains where the recipe can see it:
 
 * ``MIN:C[:S]`` variants: slots fewer than MIN training texts have get no weight (``--ngram-min-count``), the
   logistic regression's inverse L2 strength is C (``--ngram-c``) and naive-Bayes' pseudo-count S (1 when left
-  out; a larger one shrinks the scales of slots few texts have); 2:1 is the recipe's branch.
+  out; a larger one shrinks the scales of slots few texts have); 5:1 is the recipe's branch (2:1 before).
 * ``student:MIN:C:W[:S]``: a branch that never fits a labelled review's text at full weight. The recipe's teacher,
   fitted on the same texts, labels the unlabelled reviews; the branch is fitted on those (soft: each twice, under
   either label, weighted by the teacher's probability of it; a slot's count includes both copies), the

@@ -88,7 +88,8 @@ def write_jsonl(path: Path, rows: list[tuple[str, int]]) -> Path:
 
 TINY_MODEL_ARGS = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--max-len", "64",
                    "--vocab-size", "200", "--batch-size", "16", "--warmup", "10", "--lr", "3e-3",
-                   "--val-size", "80", "--quiet", "--precision", "fp32", "--ngram-buckets", "100003"]
+                   "--val-size", "80", "--quiet", "--precision", "fp32", "--ngram-buckets", "100003",
+                   "--ngram-min-count", "2"]   # a few hundred reviews: at the recipe's 5 little has a weight
 
 
 @pytest.fixture(scope="session")

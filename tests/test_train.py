@@ -304,7 +304,7 @@ def test_the_teacher_and_the_kept_branch_are_fitted_each_by_its_own_flag(unlabel
     def run(teacher: str, branch: str) -> dict:
         out = tmp_path / f"{teacher}-{branch}"
         assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test",
-                     teacher_flag, teacher, branch_flag, branch, *same, *TINY_MODEL_ARGS]) == 0
+                     *TINY_MODEL_ARGS, teacher_flag, teacher, branch_flag, branch, *same]) == 0   # the last flag wins
         folder = RunFolder(out, "classifier")
         return {"teacher": json.loads((out / "pseudo_labels.json").read_text())["teacher"],
                 "labels": folder.pseudo_labels(2), "held_out": folder.branch_validation(
