@@ -48,7 +48,7 @@ from .text.edits import (NEGATION_FORMS, NEVER_AFTER_COPULA, NEVER_AFTER_PRONOUN
                          negation_pairs)
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
-from .text.windows import SENTENCE_ENDS, closing_passage, closing_sentence, closing_sentences
+from .text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, closing_sentences, elided_negation
 
 
 @dataclass(kw_only=True)
@@ -122,6 +122,12 @@ class TrainConfig(ReviewRunConfig):
                                             "review (its last three sentences, at most 96 tokens: the length of a "
                                             "short real review), with its review's target; a training text only, "
                                             "not validated on (text.windows)")
+    elided_negation_repeat: int = setting(0, "times per epoch the transformer also trains on the last sentence of "
+                                             "each training review that ends on a negated auxiliary with its verb "
+                                             "left out (\"We hoped it would get better. It didn't.\", \"..., but "
+                                             "he did not.\"; with the sentence before when short), with its "
+                                             "review's target; 0: not at all (text.windows)",
+                                          check=non_negative)
     counterfactual: str | None = setting(None, "counterfactual pairs to train on too (a folder with train.parquet, e.g. "
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
@@ -178,7 +184,8 @@ class TrainConfig(ReviewRunConfig):
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels",
-                                           "soft_labels", "ngram_refit", "short_texts", "closing_passages", "negation_edits",
+                                           "soft_labels", "ngram_refit", "short_texts", "closing_passages",
+                                           "elided_negation_repeat", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
                                            "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
@@ -207,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "spelling", "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
-                               "short_texts", "closing_passages",
+                               "short_texts", "closing_passages", "elided_negation_repeat",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
                                "contrast_join_repeat"],
@@ -574,11 +581,12 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
 
 
 def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
-                 cut: Callable[[TokenIds], TokenIds | None]) -> tuple[list[TokenIds], list[int] | np.ndarray]:
+                 cut: Callable[[TokenIds], TokenIds | None], times: int = 1) -> tuple[list[TokenIds],
+                                                                                     list[int] | np.ndarray]:
     """The training examples plus ``cut`` of each of ``rows`` (a window of that review, or None for none), with
-    that review's target."""
+    that review's target, ``times`` times over."""
     cuts = [(i, cut(ids[i])) for i in rows]
-    rows, windows = [i for i, w in cuts if w is not None], [w for _, w in cuts if w is not None]
+    rows, windows = [i for i, w in cuts if w is not None] * times, [w for _, w in cuts if w is not None] * times
     return appended(ids, targets, windows, targets[rows] if isinstance(targets, np.ndarray) else
                     [targets[i] for i in rows])
 
@@ -684,11 +692,13 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     targets = training_targets([y for part in parts for y in part.labels * part.times], given, config.soft_labels)
     reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
     added = {}   # windows cut from the labelled and pseudo-labelled reviews: how many of each
-    for name, cut, wanted in (("closing sentences", closing_sentence, config.short_texts),
-                              ("closing passages", closing_passage, config.closing_passages)):
-        if wanted:
+    for name, cut, times in (("closing sentences", closing_sentence, int(config.short_texts)),
+                             ("closing passages", closing_passage, int(config.closing_passages)),
+                             (f"sentences ending on an elided negation (x{config.elided_negation_repeat})",
+                              partial(elided_negation, elision=Elision.of(tokenizer)), config.elided_negation_repeat)):
+        if times:
             before = len(ids)
-            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends))
+            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends), times)
             added[name] = len(ids) - before
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"

@@ -26,8 +26,8 @@ from classify.text.batching import Collate
 from classify.text.counterfactual import load_pairs
 from classify.text.data import normalize, training_split
 from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
-from classify.text.tokenize import token_ids
-from classify.text.windows import SENTENCE_ENDS, closing_passage, closing_sentence
+from classify.text.tokenize import token_ids, train_tokenizer
+from classify.text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, elided_negation
 from classify.train import (ClassificationTask, TrainConfig, Validation, main, pair_loss, rule_made_examples,
                             training_targets)
 
@@ -424,6 +424,43 @@ def test_closing_passages_are_training_texts_only(tmp_path):
     assert step == -(-(2 * len(train) + passages) // 16)   # reviews, their closing sentences, their closing passages
     held_out = json.loads((out / "branch_validation.json").read_text())
     assert held_out["count"] == 2 * 60   # validation: reviews and closing sentences, no passages
+
+
+def test_an_elided_negation_is_the_last_sentence_that_ends_on_a_negated_auxiliary():
+    texts = ["We hoped it would get better. It didn't. The end was long.",
+             "I thought the film would be great, but it wasn't!", "Was it good? It was not?",
+             "Nothing here. It was not good.", "It was fun. I liked it, but he did not. She could not."] * 2
+    tokenizer = train_tokenizer(texts, 200)
+    ends, elision = set(token_ids(tokenizer, SENTENCE_ENDS)), Elision.of(tokenizer)
+
+    def cut(text: str) -> str | None:
+        window = elided_negation(tokenizer.encode(text).ids, ends, elision)
+        return None if window is None else tokenizer.decode(window)
+
+    assert cut(texts[0]) == "we hoped it would get better . it didn ' t ."   # short: the sentence before too
+    assert cut(texts[1]) == "i thought the film would be great , but it wasn ' t !"
+    assert cut(texts[2]) is None and cut(texts[3]) is None   # a question; a negation with its verb
+    assert cut(texts[4]) == "i liked it , but he did not . she could not ."   # the last one, up to 8 words
+
+
+def test_elided_negations_are_training_texts_repeated(tmp_path):
+    rows = synthetic_reviews(300, seed=4)
+    reviews = [(t + (" We hoped it would be better. It was not." if i % 3 == 0 else ""), y)
+               for i, (t, y) in enumerate(rows)]
+    data = write_csv(tmp_path / "reviews.csv", reviews)
+    out = tmp_path / "run"
+    assert main(["--data", str(data), "--output", str(out), "--epochs", "1", "--no-test", "--no-pseudo-labels",
+                 "--no-negation-edits", "--no-contrast-joins", "--elided-negation-repeat", "2", *TINY_MODEL_ARGS,
+                 "--val-size", "60"]) == 0
+    train, _ = training_split(str(data), 60, 0)
+    run = load_run(out, torch.device("cpu"))
+    ends = set(token_ids(run.preprocessing.tokenizer, SENTENCE_ENDS))
+    elided = sum(elided_negation(ids, ends, Elision.of(run.preprocessing.tokenizer)) is not None
+                 for ids in run.preprocessing.ids(train.texts))
+    assert 0.2 * len(train) < elided < 0.5 * len(train)
+    step = json.loads((out / "last" / "state.json").read_text())["step"]
+    assert step == -(-(2 * len(train) + 2 * elided) // 16)   # reviews, closing sentences, the elisions twice
+    assert json.loads((out / "config.json").read_text())["train"]["elided_negation_repeat"] == 2
 
 
 def test_negators_choose_the_forms_of_the_negation_edits_on_both_sides_of_validation(parquet_data):
