@@ -358,9 +358,10 @@ def fit_features(bag: NgramBag, features, y: np.ndarray, c: float, weights: np.n
 
     binary = bag.weight.shape[1] == 2
     kept = np.bincount(features.indices, minlength=bag.buckets) >= max(1, min_count)    # (buckets,) slots fitted
-    if groups is not None and min_groups > 1:
+    by_group = groups is not None and min_groups > 1
+    if by_group:
         kept &= group_counts(features, groups, bag.buckets) >= min_groups
-    if min_count > 1 or not kept[features.indices].all():
+    if min_count > 1 or by_group:
         features = _only_columns(features, kept)
     seen, columns = _columns_in_use(features.indices, kept)                            # (K,), (nnz,)
     # Ratios over all slots (their smoothing counts every slot), then those in use; binary features: each value

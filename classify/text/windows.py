@@ -74,7 +74,7 @@ class Elision:
     apostrophe: int | None
     t: int | None
     negator: int | None            # not
-    ends: frozenset[int]           # . and ! (a question is not a verdict)
+    full_stops: frozenset[int]     # . and ! (a question is not a verdict)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> "Elision":
@@ -91,7 +91,7 @@ class Elision:
         contracted = (len(tail) >= 4 and tail[-3] in self.contracted and tail[-2] == self.apostrophe
                       and tail[-1] == self.t)
         spelled = len(tail) >= 3 and tail[-2] in self.auxiliaries and tail[-1] == self.negator
-        return self.apostrophe is not None and contracted or self.negator is not None and spelled
+        return contracted or spelled
 
 
 def elided_negation(ids: TokenIds, ends: set[int], elision: Elision) -> TokenIds | None:
@@ -106,7 +106,7 @@ def elided_negation(ids: TokenIds, ends: set[int], elision: Elision) -> TokenIds
         while start > 0 and ids[start - 1] not in ends:
             start -= 1
         marks = ids[end:stop]
-        if start < end and len(marks) and marks[0] in elision.ends and elision.ends_elided(ids[start:end]):
+        if start < end and len(marks) and marks[0] in elision.full_stops and elision.ends_elided(ids[start:end]):
             return closing_sentence(ids[:stop], ends, ELIDED_MIN_TOKENS, MAX_TOKENS)
         stop = start
     return None
