@@ -45,7 +45,7 @@ import scipy.sparse as sp
 import torch
 
 from classify.engine.config import runtime
-from classify.engine.files import load_model_weights, model_state, read_json, save_tensors, write_json
+from classify.engine.files import load_model_weights, model_state, save_tensors, write_json
 from classify.engine.runfolder import CONFIG, TOKENIZER, WEIGHTS, RunFolder, read_model_config
 from classify.evaluate import run_training_split
 from classify.inference import KIND, load_run, softmax
@@ -174,20 +174,26 @@ def accuracies(logits: np.ndarray, labels: np.ndarray, group: np.ndarray) -> dic
             for g, name in enumerate(names) if (group == g).any()}
 
 
-def save_graft(path: str, variant: Variant, kept: NgramBag, mix: np.ndarray, held_out: np.ndarray,
-               folder: Path) -> Path:
-    """Write the run at ``path`` with ``variant``'s kept branch and ``mix`` (2, 2) in place of its own, and the
-    branch's held-out logits of the validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC``."""
-    out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}"
-    out.mkdir(parents=True, exist_ok=True)
-    config = read_json(Path(path) / CONFIG, "the run's config")
-    config["train"].update(ngram_min_count=variant.min_count, ngram_c=variant.c)
-    config["graft"] = {"from": str(path), "branch": variant.name, "by": "experiments.branch_memory --save"}
-    write_json(out / CONFIG, config)
-    shutil.copyfile(Path(path) / TOKENIZER, out / TOKENIZER)
-    _, model_config = read_model_config(path, KIND, ClassifierConfig)
+def uncompacted(path: str) -> tuple[dict, Classifier]:
+    """The run's config.json and its model as trained (the branch's table as fitted and saved, not compacted)."""
+    config, model_config = read_model_config(path, KIND, ClassifierConfig)
     model = Classifier(model_config)
     load_model_weights(model, Path(path) / WEIGHTS)
+    return config, model
+
+
+def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: NgramBag, mix: np.ndarray,
+               held_out: np.ndarray, folder: Path) -> Path:
+    """Write the run at ``path`` (``run``: its config and ``uncompacted`` model, whose branch and mix this
+    replaces) with ``variant``'s kept branch and ``mix`` (2, 2), and the branch's held-out logits of the
+    validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC``."""
+    config, model = run
+    out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}"
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**config, "train": {**config["train"], "ngram_min_count": variant.min_count, "ngram_c": variant.c},
+              "graft": {"from": str(path), "branch": variant.name, "by": "experiments.branch_memory --save"}}
+    write_json(out / CONFIG, config)
+    shutil.copyfile(Path(path) / TOKENIZER, out / TOKENIZER)
     model.ngram.load_state_dict(kept.state_dict())
     model.mix.copy_(torch.as_tensor(mix, dtype=model.mix.dtype))
     save_tensors(out / WEIGHTS, model_state(model))
@@ -204,6 +210,7 @@ def study(path: str, variants: list[Variant] | None, device, dtype, save: Path |
     variants = variants or [Variant("fit", data.config.ngram_min_count, data.config.ngram_c)]   # the run's own
     y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
     texts = group < PAIRS                              # what the mix is fitted on, as in training
+    run = uncompacted(path) if save is not None else None
     out = {"transformer": accuracies(transformer, y, group), "variants": []}
     for variant in variants:
         t = time.monotonic()
@@ -232,7 +239,7 @@ def study(path: str, variants: list[Variant] | None, device, dtype, save: Path |
         for system, logits in (("ngram", unseen), ("mixed", mixed_logits(mix, transformer, unseen, lengths))):
             row[system][UNSEEN] = float((logits[revisions].argmax(1) == y[revisions]).mean())
         if save is not None:
-            row["saved"] = str(save_graft(path, variant, kept, mix, ngram[texts], save))
+            row["saved"] = str(save_graft(path, run, variant, kept, mix, ngram[texts], save))
         out["variants"].append(row)
         print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
               "ngram", row["ngram"], flush=True)

@@ -147,7 +147,8 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
         parts = [(ids, labels, weight) for ids, labels, weight in parts if weight]
         weights = np.concatenate([np.full(len(ids), w) for ids, _, w in parts])
         # The movies of the reviews fitted on (``movies=N``: a slot needs N of them); an edit or a pair is in none.
-        movies = np.concatenate([np.asarray(groups)[fit_idx], np.full(len(weights) - len(fit_idx), -1)])
+        movies = (np.concatenate([np.asarray(groups)[fit_idx], np.full(len(weights) - len(fit_idx), -1)])
+                  if v["movies"] else None)
         fit_features(bag, feature_matrix(bag, [x for ids, _, _ in parts for x in ids]),
                      np.asarray([y for _, labels, _ in parts for y in labels]), c, weights, v["min"], v["nb"],
                      movies, v["movies"])
