@@ -128,6 +128,10 @@ class TrainConfig(ReviewRunConfig):
                                              "he did not.\"; with the sentence before when short), with its "
                                              "review's target; 0: not at all (text.windows)",
                                           check=non_negative)
+    elided_negation_balance: bool = setting(False, "repeat the elided-negation sentences of the less common label "
+                                                   "so that each label has as many as the more common one has "
+                                                   "--elided-negation-repeat times over (IMDB's are negative seven "
+                                                   "times in ten)")
     counterfactual: str | None = setting(None, "counterfactual pairs to train on too (a folder with train.parquet, e.g. "
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
@@ -185,8 +189,8 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels",
                                            "soft_labels", "ngram_refit", "short_texts", "closing_passages",
-                                           "elided_negation_repeat", "negation_edits",
-                                           "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                                           "elided_negation_repeat", "elided_negation_balance",
+                                           "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
                                            "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
 
@@ -214,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "spelling", "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
-                               "short_texts", "closing_passages", "elided_negation_repeat",
+                               "short_texts", "closing_passages", "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
                                "contrast_join_repeat"],
@@ -581,12 +585,22 @@ def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[i
 
 
 def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],
-                 cut: Callable[[TokenIds], TokenIds | None], times: int = 1) -> tuple[list[TokenIds],
-                                                                                     list[int] | np.ndarray]:
+                 cut: Callable[[TokenIds], TokenIds | None], times: int = 1,
+                 balance: bool = False) -> tuple[list[TokenIds], list[int] | np.ndarray]:
     """The training examples plus ``cut`` of each of ``rows`` (a window of that review, or None for none), with
-    that review's target, ``times`` times over."""
-    cuts = [(i, cut(ids[i])) for i in rows]
-    rows, windows = [i for i, w in cuts if w is not None] * times, [w for _, w in cuts if w is not None] * times
+    that review's target, ``times`` times over. With ``balance``, each class's windows (by the target's most
+    likely class) are repeated so that every class has as many as the most common one has ``times`` over: a
+    window the reviews write mostly under one label would otherwise teach that label for its form alone."""
+    cuts = [(i, w) for i, w in ((i, cut(ids[i])) for i in rows) if w is not None]
+    repeats = np.full(len(cuts), times)
+    if balance and cuts:
+        classes = np.array([np.argmax(targets[i]) if isinstance(targets, np.ndarray) else targets[i]
+                            for i, _ in cuts])
+        counts = np.bincount(classes)
+        repeats = np.rint(times * counts.max() / counts[classes]).astype(int)
+    # copy by copy (the first copy of every window, then the second, ...): unbalanced, this is cuts * times
+    taken = [(i, w) for copy in range(int(repeats.max(initial=0))) for (i, w), r in zip(cuts, repeats) if r > copy]
+    rows, windows = [i for i, _ in taken], [w for _, w in taken]
     return appended(ids, targets, windows, targets[rows] if isinstance(targets, np.ndarray) else
                     [targets[i] for i in rows])
 
@@ -692,13 +706,16 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     targets = training_targets([y for part in parts for y in part.labels * part.times], given, config.soft_labels)
     reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
     added = {}   # windows cut from the labelled and pseudo-labelled reviews: how many of each
-    for name, cut, times in (("closing sentences", closing_sentence, int(config.short_texts)),
-                             ("closing passages", closing_passage, int(config.closing_passages)),
-                             (f"sentences ending on an elided negation (x{config.elided_negation_repeat})",
-                              partial(elided_negation, elision=Elision.of(tokenizer)), config.elided_negation_repeat)):
+    for name, cut, times, balance in (
+            ("closing sentences", closing_sentence, int(config.short_texts), False),
+            ("closing passages", closing_passage, int(config.closing_passages), False),
+            (f"sentences ending on an elided negation (x{config.elided_negation_repeat}"
+             + (", balanced by label)" if config.elided_negation_balance else ")"),
+             partial(elided_negation, elision=Elision.of(tokenizer)), config.elided_negation_repeat,
+             config.elided_negation_balance)):
         if times:
             before = len(ids)
-            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends), times)
+            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends), times, balance)
             added[name] = len(ids) - before
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"

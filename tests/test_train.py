@@ -29,7 +29,7 @@ from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negatio
 from classify.text.tokenize import token_ids, train_tokenizer
 from classify.text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, elided_negation
 from classify.train import (ClassificationTask, TrainConfig, Validation, main, pair_loss, rule_made_examples,
-                            training_targets)
+                            training_targets, with_windows)
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
              "last/state.json"]
@@ -461,6 +461,21 @@ def test_elided_negations_are_training_texts_repeated(tmp_path):
     step = json.loads((out / "last" / "state.json").read_text())["step"]
     assert step == -(-(2 * len(train) + 2 * elided) // 16)   # reviews, closing sentences, the elisions twice
     assert json.loads((out / "config.json").read_text())["train"]["elided_negation_repeat"] == 2
+
+
+def test_windows_balanced_by_label_give_each_class_as_many_copies():
+    ids = [[1, 2], [3, 4], [5, 6], [7, 8], [9]]
+    cut = lambda x: x[-1:] if len(x) > 1 else None   # the last review has no window
+    hard = [0, 0, 0, 1, 1]
+    plain, plain_targets = with_windows(ids, hard, [0, 1, 2, 3, 4], cut, times=2)
+    assert plain[5:] == [[2], [4], [6], [8]] * 2 and plain_targets[5:] == [0, 0, 0, 1] * 2   # copy by copy
+    balanced, targets = with_windows(ids, hard, [0, 1, 2, 3, 4], cut, times=2, balance=True)
+    added = list(zip(map(tuple, balanced[5:]), targets[5:]))
+    assert sum(y == 0 for _, y in added) == sum(y == 1 for _, y in added) == 6   # 3 windows x 2; 1 window x 6
+    assert added.count(((8,), 1)) == 6 and added.count(((2,), 0)) == 2
+    soft = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.4, 0.6], [0.5, 0.5]], dtype=np.float32)
+    more, soft_targets = with_windows(ids, soft, [0, 1, 2, 3], cut, times=1, balance=True)   # 2 and 2: as is
+    assert more[5:] == [[2], [4], [6], [8]] and np.array_equal(soft_targets[5:], soft[:4])
 
 
 def test_negators_choose_the_forms_of_the_negation_edits_on_both_sides_of_validation(parquet_data):
