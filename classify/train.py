@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import MISSING, dataclass
+from dataclasses import MISSING, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -617,6 +617,57 @@ def appended(ids: list[TokenIds], targets: list[int] | np.ndarray, more_ids: lis
     return ids + more_ids, np.concatenate([targets, more])
 
 
+@dataclass
+class TransformerExamples:
+    """What stage 2 trains the transformer on: N texts' token ids, their targets (N class ids, or (N, C)
+    distributions with soft pseudo-labels), and with paired parts each text's partner row (N,; -1 for none) and
+    pair weight (N,)."""
+
+    ids: list[TokenIds]
+    targets: list[int] | np.ndarray
+    partner: np.ndarray | None = None
+    pair_weight: np.ndarray | None = None
+    windows: dict[str, int] = field(default_factory=dict)   # how many windows of each kind were cut
+
+    @classmethod
+    def build(cls, parts: list[TrainingPart], pseudo_ids: list[TokenIds], given: np.ndarray, config: TrainConfig,
+              ends: set[int], elision: Elision) -> "TransformerExamples":
+        """The parts, each ``times`` over (``parts[0]``: the labelled reviews, once), then the pseudo-labelled
+        reviews (``given``: the teacher's (N, C) probabilities); then windows cut from the labelled and
+        pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels; then
+        each paired part's second texts, once: the sampler serves a pair's first text (an original, a sentence)
+        and its second (the revision, the negation edit) comes with it into the batch."""
+        ids = [x for part in parts for x in part.ids * part.times] + pseudo_ids
+        targets = training_targets([y for part in parts for y in part.labels * part.times], given,
+                                   config.soft_labels)
+        reviews = list(range(len(parts[0].ids))) + list(range(len(ids) - len(pseudo_ids), len(ids)))
+        windows = {}
+        for name, cut, times, balance in (
+                ("closing sentences", closing_sentence, int(config.short_texts), False),
+                ("closing passages", closing_passage, int(config.closing_passages), False),
+                (f"sentences ending on an elided negation (x{config.elided_negation_repeat}"
+                 + (", balanced by label)" if config.elided_negation_balance else ")"),
+                 partial(elided_negation, elision=elision), config.elided_negation_repeat,
+                 config.elided_negation_balance)):
+            if times:
+                before = len(ids)
+                ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends), times, balance)
+                windows[name] = len(ids) - before
+        partner, pair_weight = None, None
+        if any(part.partners for part in parts):   # each copy of a pair's first text -> its second, appended once
+            partner, pair_weight = np.full(len(ids), -1, dtype=np.int64), np.zeros(len(ids), dtype=np.float32)
+            first = 0
+            for part in parts:
+                n = len(part.ids)
+                if part.partners:
+                    for copy in range(part.times):
+                        partner[first + copy * n: first + (copy + 1) * n] = len(ids) + np.arange(n)
+                    pair_weight[first: first + n * part.times] = part.pair_weight
+                    ids, targets = appended(ids, targets, part.partners, part.partner_labels)
+                first += n * part.times
+        return cls(ids, targets, partner, pair_weight, windows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -691,32 +742,15 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         given = distributed.on_main(lambda: fit_ngram_stage(run, model, config, labelled, (val_ids, val_set.labels),
                                                             validation, unlabelled_ids, console))
         validation.ngram = distributed.broadcast_object(validation.ngram)
-    # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone). Counterfactual texts
-    # and the rule-made texts are repeated; windows (closing sentences, passages) are cut from the labelled and
-    # pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels.
-    # With a pair weight, the sampler serves a pair's first text (an original, a sentence) and its second (the
-    # revision, the negation edit) comes with it into the batch.
+    # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
     parts = [TrainingPart(train_ids, train_set.labels),
              TrainingPart.of(counterfactual_ids, counterfactual.labels, config.counterfactual_repeat,
                              config.counterfactual_pair_weight, "halves"),          # originals, then revisions
              TrainingPart.of(edit_ids, edits.labels, config.negation_edit_repeat,
                              config.negation_edit_pair_weight, "alternate"),       # sentence, edit, sentence, ...
              TrainingPart(join_ids, joins.labels, config.contrast_join_repeat)]
-    ids = [x for part in parts for x in part.ids * part.times] + unlabelled_ids[: len(given)]
-    targets = training_targets([y for part in parts for y in part.labels * part.times], given, config.soft_labels)
-    reviews = list(range(len(train_ids))) + list(range(len(ids) - len(given), len(ids)))
-    added = {}   # windows cut from the labelled and pseudo-labelled reviews: how many of each
-    for name, cut, times, balance in (
-            ("closing sentences", closing_sentence, int(config.short_texts), False),
-            ("closing passages", closing_passage, int(config.closing_passages), False),
-            (f"sentences ending on an elided negation (x{config.elided_negation_repeat}"
-             + (", balanced by label)" if config.elided_negation_balance else ")"),
-             partial(elided_negation, elision=Elision.of(tokenizer)), config.elided_negation_repeat,
-             config.elided_negation_balance)):
-        if times:
-            before = len(ids)
-            ids, targets = with_windows(ids, targets, reviews, partial(cut, ends=ends), times, balance)
-            added[name] = len(ids) - before
+    examples = TransformerExamples.build(parts, unlabelled_ids[: len(given)], given, config,
+                                         ends, Elision.of(tokenizer))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    + parts[1].describe_pairs() if counterfactual_ids else "")
@@ -725,21 +759,10 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
-                + "".join(f", {n} {name}" for name, n in added.items())
+                + "".join(f", {n} {name}" for name, n in examples.windows.items())
                 + f"; peak memory {peak_memory()}")
-    partner, pair_weight = None, None
-    if any(part.partners for part in parts):   # each copy of a pair's first text -> its second, appended once
-        partner, pair_weight = np.full(len(ids), -1, dtype=np.int64), np.zeros(len(ids), dtype=np.float32)
-        first = 0
-        for part in parts:
-            n = len(part.ids)
-            if part.partners:
-                for copy in range(part.times):
-                    partner[first + copy * n: first + (copy + 1) * n] = len(ids) + np.arange(n)
-                pair_weight[first: first + n * part.times] = part.pair_weight
-                ids, targets = appended(ids, targets, part.partners, part.partner_labels)
-            first += n * part.times
-    task = ClassificationTask(model, ids, targets, validation, config, device, dtype, partner, pair_weight)
+    task = ClassificationTask(model, examples.ids, examples.targets, validation, config, device, dtype,
+                              examples.partner, examples.pair_weight)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
     if result.interrupted:
         return 130
