@@ -189,8 +189,8 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels",
                                            "soft_labels", "ngram_refit", "short_texts", "closing_passages",
-                                           "elided_negation_repeat", "elided_negation_balance",
-                                           "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                                           "elided_negation_repeat", "elided_negation_balance", "negation_edits",
+                                           "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
                                            "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
 
@@ -682,8 +682,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     """The training run of ``main``; under torchrun every rank runs it. Returns the exit code.
 
     Data, then three stages in order: (1) ``fit_ngram_stage``: the n-gram branch or teacher, the pseudo-labels;
-    (2) ``fit``: the transformer, on the labelled, counterfactual, pseudo-labelled reviews and their closing
-    sentences, the checkpoint chosen on what ships; (3) ``choose_mix``; then one evaluation on the test split."""
+    (2) ``fit``: the transformer, on ``TransformerExamples`` (the labelled, counterfactual, rule-made and
+    pseudo-labelled texts and windows cut from the reviews), the checkpoint chosen on what ships;
+    (3) ``choose_mix``; then one evaluation on the test split."""
     # ---- data: load, split (which settles the validation size), open the run folder, tokenize once
     t0 = time.monotonic()
     train_set, val_set = training_split(config.data, config.val_size, config.seed, config.limit, config.split)
