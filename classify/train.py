@@ -594,8 +594,8 @@ def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: lis
     cuts = [(i, w) for i, w in ((i, cut(ids[i])) for i in rows) if w is not None]
     repeats = np.full(len(cuts), times)
     if balance and cuts:
-        classes = np.array([np.argmax(targets[i]) if isinstance(targets, np.ndarray) else targets[i]
-                            for i, _ in cuts])
+        picked = np.asarray(targets)[[i for i, _ in cuts]]          # (K,) class ids or (K, C) distributions
+        classes = picked.argmax(1) if picked.ndim == 2 else picked
         counts = np.bincount(classes)
         repeats = np.rint(times * counts.max() / counts[classes]).astype(int)
     # copy by copy (the first copy of every window, then the second, ...): unbalanced, this is cuts * times
