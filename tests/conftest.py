@@ -16,6 +16,14 @@ FILLER = ("the movie film plot actor story scene was and it a of this to in with
 SHARED_IMDB = Path(__file__).resolve().parents[2] / "shared" / "imdb"
 REPO = Path(__file__).resolve().parents[1]
 
+# pytest-xdist's workers (addopts: -n auto) share the cores: each takes its share of torch's threads, so that N
+# workers do not run N x cores threads that wait on one another.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This process's environment for a child Python, the repository first on PYTHONPATH and the caller's entries
