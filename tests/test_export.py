@@ -45,6 +45,12 @@ def pure_transformer(parquet_data, tmp_path_factory) -> tuple[Path, Path]:
     return root / "run", root / "export"
 
 
+def reuse_graph(monkeypatch, exported: Path) -> None:
+    """The export writes ``exported``'s graph instead of running the exporter (~10 s); the rest of the export (the
+    check on ONNX Runtime, quantization, the files, the atomic rename) runs as it is."""
+    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+
+
 def batches(run) -> dict[str, np.ndarray]:
     """Padded token batches (B, T): mixed lengths, one review, a one-token text, the longest allowed text."""
     ids = run.preprocessing.ids(TEXTS)
@@ -113,8 +119,7 @@ def test_a_failed_quantization_is_one_line_and_leaves_nothing(trained_run, expor
         raise RuntimeError("no kernel for MatMul\nmore detail")
 
     monkeypatch.setattr(onnxruntime.quantization, "quantize_dynamic", broken)
-    # The graph is the fixture's (the exporter takes ~10 s); it is still checked on ONNX Runtime before quantizing.
-    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+    reuse_graph(monkeypatch, exported)
     message = export_fails(capsys, "--model", str(trained_run), "--output", str(tmp_path / "int8"), "--int8")
     assert "int8 quantization failed: no kernel for MatMul" in message and "more detail" not in message
     assert not list(tmp_path.iterdir())
@@ -192,14 +197,14 @@ def test_an_interrupted_export_leaves_no_folder_and_keeps_the_old_one(trained_ru
     assert list(tmp_path.iterdir()) == []
     # A failure after the graph (here: writing config.json) with --overwrite keeps the previous export whole.
     previous = Path(shutil.copytree(exported, tmp_path / "previous"))
-    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+    reuse_graph(monkeypatch, exported)
     monkeypatch.setattr(export_module, "write_json", lambda *args: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(ClassifyError, match="No space left.*nothing was written"):
         export_module.export(trained_run, previous, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["previous"]
     assert (previous / ONNX_MODEL).read_bytes() == (exported / ONNX_MODEL).read_bytes()
     monkeypatch.undo()
-    monkeypatch.setattr(export_module, "export_graph", lambda run, path: shutil.copyfile(exported / ONNX_MODEL, path))
+    reuse_graph(monkeypatch, exported)
     (previous / "stale.txt").write_text("from the old export")
     export_module.export(trained_run, previous, overwrite=True)
     assert sorted(p.name for p in previous.iterdir()) == ["config.json", ONNX_MODEL, "tokenizer.json"]
