@@ -16,13 +16,13 @@ FILLER = ("the movie film plot actor story scene was and it a of this to in with
 SHARED_IMDB = Path(__file__).resolve().parents[2] / "shared" / "imdb"
 REPO = Path(__file__).resolve().parents[1]
 
-# pytest-xdist's workers (addopts: -n auto) share the cores: each takes its share of torch's threads, so that N
-# workers do not run N x cores threads that wait on one another.
+# pytest-xdist's workers (addopts: -n auto) share the cores: each takes its share of torch's threads (torch's
+# default already counts the cores this process may use), so that N workers do not run N x cores threads that wait
+# on one another.
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
