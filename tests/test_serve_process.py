@@ -53,18 +53,21 @@ def test_real_server_answers_concurrent_clients_each_their_own(server):
 
 
 def test_workers_share_the_port_add_up_their_metrics_and_a_dead_worker_is_replaced(trained_run):
+    # A fresh connection for each request: the kernel hands each to one of the workers waiting on the socket.
+    # The supervisor listens before its workers have loaded the model, so the first requests wait in the
+    # socket's backlog for as long as a worker takes to start: seconds on a busy machine, past httpx's default 5 s.
+    fresh = httpx.Client(headers={"Connection": "close"}, timeout=60)
+
     def processes(url: str, tries: int = 40) -> set[int]:
-        # a fresh connection each time: the kernel hands each to one of the workers waiting on the socket
-        return {httpx.get(f"{url}/v1/model", headers={"Connection": "close"}).json()["runtime"]["process"]
-                for _ in range(tries)}
+        return {fresh.get(f"{url}/v1/model").json()["runtime"]["process"] for _ in range(tries)}
 
     def predict(url: str) -> dict:
-        return httpx.post(f"{url}/v1/predict", json={"text": text}, headers={"Connection": "close"}).json()
+        return fresh.post(f"{url}/v1/predict", json={"text": text}).json()
 
     def scrape(url: str) -> dict[str, list]:
         """/metrics on a fresh connection (any worker may answer): sample name -> [(labels, value)]."""
         found: dict[str, list] = {}
-        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", headers={"Connection": "close"}).text):
+        for family in text_string_to_metric_families(fresh.get(f"{url}/metrics").text):
             for sample in family.samples:
                 found.setdefault(sample.name, []).append((sample.labels, sample.value))
         return found
@@ -74,8 +77,8 @@ def test_workers_share_the_port_add_up_their_metrics_and_a_dead_worker_is_replac
                    if labels == {"endpoint": "/v1/predict", "method": "POST", "status": "200"})
 
     text = "A warm, funny and wonderfully acted film."
-    with serve_process(trained_run, "--threads", "1", "--workers", "2", "--log-level", "warning",
-                       "--precision", "fp32") as url:
+    with fresh, serve_process(trained_run, "--threads", "1", "--workers", "2", "--log-level", "warning",
+                              "--precision", "fp32") as url:
         workers: set[int] = set()
         deadline = time.monotonic() + 60
         while len(workers) < 2 and time.monotonic() < deadline:   # each worker loads the model once started
