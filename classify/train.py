@@ -105,6 +105,17 @@ class TrainConfig(ReviewRunConfig):
     soft_labels: bool = setting(True, "the pseudo-labelled reviews' targets are the teacher's class probabilities "
                                        "(distillation) instead of its most likely class: a review the teacher is "
                                        "unsure of, where most of its mistakes are, pulls the transformer less")
+    pseudo_label_weight: float = setting(1.0, "how much each text the teacher labelled (a pseudo-labelled review, a "
+                                              "window cut from one) counts in the transformer's loss; a given label "
+                                              "counts 1. Below 1, the labelled reviews, the pairs and the rule-made "
+                                              "texts, which carry the structure the teacher cannot read, weigh "
+                                              "more (needs --soft-labels, by which the teacher's texts are known)",
+                                         check=positive)
+    self_label_share: float = setting(0.0, "the share of each teacher-labelled text's target that goes to the "
+                                           "transformer's own most likely class for it, as it trains (hard "
+                                           "bootstrapping, Reed et al. 2014): where it reads a review the n-gram "
+                                           "teacher misreads, its reading keeps that share (needs --soft-labels)",
+                                      check=fraction)
     ngram_refit: bool = setting(True, "once the pseudo-labels are given, fit the n-gram branch again on all labelled "
                                       "reviews, the validation split's too, for the model it keeps; the mix and the "
                                       "validation scores still use the first fit's logits, which have not seen "
@@ -188,7 +199,7 @@ class TrainConfig(ReviewRunConfig):
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels",
-                                           "soft_labels", "ngram_refit", "short_texts", "closing_passages",
+                                           "soft_labels", "pseudo_label_weight", "self_label_share", "ngram_refit", "short_texts", "closing_passages",
                                            "elided_negation_repeat", "elided_negation_balance", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
@@ -198,6 +209,9 @@ class TrainConfig(ReviewRunConfig):
         super().validate(model)
         if self.limit is not None and self.val_size is not None and self.limit <= self.val_size:
             raise ClassifyError(f"--limit {self.limit} leaves no training data after --val-size {self.val_size}")
+        if (self.pseudo_label_weight != 1 or self.self_label_share) and not (self.pseudo_labels and self.soft_labels):
+            raise ClassifyError("--pseudo-label-weight and --self-label-share act on the teacher's soft labels: they "
+                                "need --pseudo-labels and --soft-labels")
 
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
@@ -227,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults=RECIPE)  # the flags build the shipped model by default
     add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "teacher_min_count", "ngram_self_train", "ngram_refit",
-                               "pseudo_labels", "soft_labels"])
+                               "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
               ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
                "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
@@ -337,13 +351,17 @@ class ClassificationTask(Task):
                                model.config.max_len, partner, pair_weight)
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
         self.label_smoothing = config.label_smoothing
+        self.pseudo_label_weight, self.self_label_share = config.pseudo_label_weight, config.self_label_share
         self.validation, self.device, self.dtype = validation, device, dtype
 
     def loss(self, model, batch):
         logits = model(batch["tokens"], ngram=False)  # (B, C): the transformer alone until the mix is chosen
         labels = batch["labels"]  # (B,) classes, or (B, C) target distributions (soft labels)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         n = len(labels)
+        if labels.dim() == 2 and (self.pseudo_label_weight != 1 or self.self_label_share):
+            loss = self.teacher_weighted_loss(logits.float(), labels)
+        else:
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.label_smoothing)
         classes = labels if labels.dim() == 1 else labels.argmax(-1)
         sums = {"loss": float(loss.detach()) * n, "correct": float((logits.argmax(-1) == classes).sum()),
                 "examples": n, "tokens": float((batch["tokens"] != self.model.config.pad_id).sum())}
@@ -352,6 +370,19 @@ class ClassificationTask(Task):
             loss = loss + (batch["pair_weights"] * pairs).sum() / n
             sums.update(pair_loss=float(pairs.detach().sum()), pairs=len(pairs))
         return loss, sums
+
+    def teacher_weighted_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of logits (B, C) against target distributions (B, C), the teacher's texts reweighted and
+        moved towards the transformer's own class. A teacher's distribution is never certain (``training_targets``),
+        a given label always is (one-hot), so the rows whose target's top probability is under 1 are the teacher's."""
+        taught = targets.amax(-1) < 1                                    # (B,)
+        if self.self_label_share:
+            own = F.one_hot(logits.detach().argmax(-1), targets.shape[-1]).to(targets.dtype)
+            moved = (1 - self.self_label_share) * targets + self.self_label_share * own
+            targets = torch.where(taught[:, None], moved, targets)
+        weights = torch.where(taught, self.pseudo_label_weight, 1.0)    # (B,)
+        losses = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing, reduction="none")
+        return (weights * losses).sum() / len(targets)
 
     def train_metrics(self, sums):
         n, pairs = sums["examples"], sums.get("pairs")
@@ -575,13 +606,19 @@ class TrainingPart:
 
 
 # ---------------------------------------------------------------------- the command
+TEACHER_FLOOR = 1e-6   # the least probability a teacher's soft target gives a class (training_targets)
+
+
 def training_targets(labels: list[int], given: np.ndarray, soft: bool) -> list[int] | np.ndarray:
     """The targets of the labelled reviews, then of the pseudo-labelled ones (``given``: the teacher's
     probabilities, (N, C)): class ids, the teacher's most likely class for the latter; with ``soft``, one
-    distribution per review, (len(labels) + N, C), one-hot for the labelled reviews."""
+    distribution per review, (len(labels) + N, C), one-hot for the labelled reviews. A teacher's distribution is
+    kept at least ``TEACHER_FLOOR`` from certain (float32 rounds 1.3% of the IMDB teacher's to exactly 1), so a
+    target is the teacher's exactly when it is not one-hot (``ClassificationTask.teacher_weighted_loss``)."""
     if not (soft and len(given)):
         return labels + given.argmax(1).tolist()
-    return np.concatenate([np.eye(given.shape[1], dtype=np.float32)[labels], given.astype(np.float32)])
+    taught = np.clip(given, TEACHER_FLOOR, 1 - TEACHER_FLOOR).astype(np.float32)
+    return np.concatenate([np.eye(given.shape[1], dtype=np.float32)[labels], taught])
 
 
 def with_windows(ids: list[TokenIds], targets: list[int] | np.ndarray, rows: list[int],

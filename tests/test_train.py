@@ -239,6 +239,33 @@ def test_soft_labels_put_the_teachers_probabilities_into_the_loss():
     assert hard.dtype == torch.long and hard.tolist() == [1, 1]
 
 
+def test_the_teachers_texts_are_reweighted_and_moved_towards_the_transformers_own_class():
+    labels, given = [1, 0], np.array([[0.3, 0.7], [1.0, 0.0]], dtype=np.float32)   # float32 rounds a sure teacher to 1
+    targets = training_targets(labels, given, soft=True)
+    assert (targets[2:].max(1) < 1).all() and (targets[:2].max(1) == 1).all()   # the teacher's rows are told apart
+    np.testing.assert_allclose(targets[3], [1, 0], atol=2e-6)
+
+    model = Classifier(vocab_size=16, num_classes=2, d_model=8, num_heads=2, num_layers=1, d_ff=16, max_len=8).eval()
+    ids = [[3, 4, 5], [6, 7], [8, 9, 10, 11], [12]]
+
+    def loss_of(**settings) -> tuple[torch.Tensor, dict]:
+        task = ClassificationTask(model, ids, targets, Validation([], [], np.zeros(0, dtype=bool)),
+                                  TrainConfig(data="unused", **settings), torch.device("cpu"), None)
+        return task.loss(model, task.collate([0, 1, 2, 3]))
+
+    batch = Collate(ids, targets)([0, 1, 2, 3])
+    log_p = F.log_softmax(model(batch["tokens"]), -1)
+    per_text = -(batch["labels"] * log_p).sum(-1)                                   # (4,)
+    torch.testing.assert_close(loss_of()[0], per_text.mean())                       # the defaults: plain cross-entropy
+    torch.testing.assert_close(loss_of(pseudo_label_weight=0.25)[0],                # given labels 1, the teacher's 0.25
+                               (per_text * torch.tensor([1, 1, 0.25, 0.25])).mean())
+    own = F.one_hot(log_p.argmax(-1), 2).float()
+    moved = torch.cat([batch["labels"][:2], 0.8 * batch["labels"][2:] + 0.2 * own[2:]])
+    torch.testing.assert_close(loss_of(self_label_share=0.2)[0], -(moved * log_p).sum(-1).mean())
+    with pytest.raises(ClassifyError, match="--soft-labels"):
+        TrainConfig(data="unused", soft_labels=False, pseudo_label_weight=0.5).validate(model.config)
+
+
 def test_soft_labelled_run_keeps_the_probabilities_and_older_label_files_still_read(unlabelled_data, tmp_path):
     out = tmp_path / "soft"
     assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "2", "--no-test",
