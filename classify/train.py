@@ -101,25 +101,28 @@ class TrainConfig(ReviewRunConfig):
                                         "by an n-gram model fitted on the labelled ones, the teacher (the branch's "
                                         "first fit when --teacher-edit-weight equals --negation-edit-weight, "
                                         "else a fit of its own; with --ngram-orders 0 the recipe's branch "
-                                        "fitted as a teacher only); IMDB: 50,000 more reviews")
+                                        "fitted as a teacher only); IMDB: 50,000 more reviews",
+                                  absent=False)
     soft_labels: bool = setting(True, "the pseudo-labelled reviews' targets are the teacher's class probabilities "
                                        "(distillation) instead of its most likely class: a review the teacher is "
-                                       "unsure of, where most of its mistakes are, pulls the transformer less")
+                                       "unsure of, where most of its mistakes are, pulls the transformer less",
+                                absent=False)
     pseudo_label_weight: float = setting(1.0, "how much each text the teacher labelled (a pseudo-labelled review, a "
                                               "window cut from one) counts in the transformer's loss; a given label "
                                               "counts 1. Below 1, the labelled reviews, the pairs and the rule-made "
                                               "texts, which carry the structure the teacher cannot read, weigh "
                                               "more (needs --soft-labels, by which the teacher's texts are known)",
-                                         check=positive)
+                                         check=positive, absent=1.0)
     self_label_share: float = setting(0.0, "the share of each teacher-labelled text's target that goes to the "
                                            "transformer's own most likely class for it, as it trains (hard "
                                            "bootstrapping, Reed et al. 2014): where it reads a review the n-gram "
                                            "teacher misreads, its reading keeps that share (needs --soft-labels)",
-                                      check=fraction)
+                                      check=fraction, absent=0.0)
     ngram_refit: bool = setting(True, "once the pseudo-labels are given, fit the n-gram branch again on all labelled "
                                       "reviews, the validation split's too, for the model it keeps; the mix and the "
                                       "validation scores still use the first fit's logits, which have not seen "
-                                      "those reviews. IMDB test: about +0.1 point (3 seeds)")
+                                      "those reviews. IMDB test: about +0.1 point (3 seeds)",
+                                absent=False)
     spelling: bool = setting(True, "wherever the run is used (predict, evaluate, serve, an export; and the final "
                                    "test score), read an unknown word that is one typing slip (a letter deleted, "
                                    "inserted, replaced, or two swapped) from a word of the vocabulary as that "
@@ -128,21 +131,24 @@ class TrainConfig(ReviewRunConfig):
                                    "(text.spelling; word tokenizers only)")
     short_texts: bool = setting(True, "also train on the closing sentence of every training review, with its review's "
                                       "target, and validate on those of the validation reviews: the mix and the "
-                                      "checkpoint are chosen on whole reviews and short texts alike (text.windows)")
+                                      "checkpoint are chosen on whole reviews and short texts alike (text.windows)",
+                                absent=False)
     closing_passages: bool = setting(False, "also train the transformer on the closing passage of every training "
                                             "review (its last three sentences, at most 96 tokens: the length of a "
                                             "short real review), with its review's target; a training text only, "
-                                            "not validated on (text.windows)")
+                                            "not validated on (text.windows)",
+                                     absent=False)
     elided_negation_repeat: int = setting(0, "times per epoch the transformer also trains on the last sentence of "
                                              "each training review that ends on a negated auxiliary with its verb "
                                              "left out (\"We hoped it would get better. It didn't.\", \"..., but "
                                              "he did not.\"; with the sentence before when short), with its "
                                              "review's target; 0: not at all (text.windows)",
-                                          check=non_negative)
+                                          check=non_negative, absent=0)
     elided_negation_balance: bool = setting(False, "repeat the elided-negation sentences of the less common label "
                                                    "so that each label has as many as the more common one has "
                                                    "--elided-negation-repeat times over (IMDB's are negative seven "
-                                                   "times in ten)")
+                                                   "times in ten)",
+                                            absent=False)
     counterfactual: str | None = setting(None, "counterfactual pairs to train on too (a folder with train.parquet, e.g. "
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
@@ -150,7 +156,8 @@ class TrainConfig(ReviewRunConfig):
     negation_edits: bool = setting(True, "also train both branches on negation edits of training sentences, each "
                                          "beside its sentence under the opposite label (\"The plot was thin.\" / "
                                          "\"The plot was not thin.\"), and validate on those of the validation "
-                                         "reviews (text.edits)")
+                                         "reviews (text.edits)",
+                                   absent=False)
     negators: str = setting("never", "which negations the negation edits write: not: \"not\" and \"n't\" only; "
                                    "never: also \"never\", as often as the training reviews do (after a copula "
                                    f"{NEVER_AFTER_COPULA:.0%}%, after a pronoun subject {NEVER_AFTER_PRONOUN:.0%}%); "
@@ -161,7 +168,8 @@ class TrainConfig(ReviewRunConfig):
                                          "positive and a negative sentence joined by \", but\", both ways round, "
                                          "labelled by the second; and validate on those of the validation reviews "
                                          "(text.edits). The n-gram branch, which cannot read the order, is not "
-                                         "fitted on them")
+                                         "fitted on them",
+                                   absent=False)
     negation_edit_weight: float = setting(0.01, "how much each negation edit and its sentence count in the fit of the "
                                                 "n-gram branch the model keeps (a review counts 1). Chosen by 5-fold "
                                                 "cross-validation over the training reviews: at 0.01 the branch "
@@ -182,20 +190,20 @@ class TrainConfig(ReviewRunConfig):
                                                      "example of --batch-size and --max-tokens, so batches holding "
                                                      "pairs are larger. Not in the recipe: at 2 the held-out pairs "
                                                      "came out no better (experiments/RESULTS.md)",
-                                                check=non_negative)
+                                                check=non_negative, absent=0.0)
     negation_edit_pair_weight: float = setting(0.0, "the same margin for the negation edits: each sentence and its "
                                                     "negation in the same batch, this weight times their margin in "
                                                     "the loss (see --counterfactual-pair-weight); 0: each on its "
                                                     "own. Not in the recipe: at 2 the suite came out worse",
-                                               check=non_negative)
+                                               check=non_negative, absent=0.0)
     negation_edit_repeat: int = setting(1, "times each negation edit and its sentence are seen per epoch by the "
                                            "transformer (the n-gram fits count them once, weighted)",
-                                        check=positive)
+                                        check=positive, absent=1)
     contrast_join_repeat: int = setting(3, "times each contrast join is seen per epoch by the transformer: with "
                                            "three blocks, seen once the transformer got 89-98%% of the validation "
                                            "joins right over three seeds, three times 96-99%% "
                                            "(experiments/RESULTS.md)",
-                                        check=positive)
+                                        check=positive, absent=1)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "split", "ngram_c", "ngram_min_count", "teacher_min_count", "pseudo_labels",

@@ -5,6 +5,7 @@ full disk is one line."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -173,6 +174,32 @@ def test_resume_flag_refuses_to_start_afresh(parquet_data, tmp_path, capsys):
     assert "holds no run to continue" in capsys.readouterr().err
     assert main([*argv, "--max-steps", "6"]) == 0
     assert main([*argv, "--resume"]) == 0  # now there is one to continue
+
+
+def test_a_run_recorded_before_a_setting_existed_resumes_as_it_trained(parquet_data, tmp_path, capsys):
+    main, argv = command("classifier", parquet_data, tmp_path, tmp_path / "run")
+    assert main([*argv, "--max-steps", "4"]) == 0
+    config_file = tmp_path / "run" / "config.json"
+    recorded = json.loads(config_file.read_text())
+
+    def recorded_without(*names: str) -> None:  # config.json as the code before those settings wrote it
+        train = {k: v for k, v in recorded["train"].items() if k not in names}
+        config_file.write_text(json.dumps({**recorded, "train": train}))
+
+    # Added at their defaults, which mean "as before": the run resumes, and records them from now on.
+    recorded_without("self_label_share", "pseudo_label_weight")
+    assert main([*argv, "--max-steps", "6", "--resume"]) == 0
+    assert json.loads(config_file.read_text())["train"]["self_label_share"] == 0.0
+    # Added at 1 and 3 by default now: a run from before trained each join once, so the default is another run,
+    # --contrast-join-repeat 1 the same one.
+    recorded_without("contrast_join_repeat")
+    assert run_cli(main, [*argv, "--max-steps", "8"]) == 2
+    assert "differs in: contrast_join_repeat" in capsys.readouterr().err
+    assert main([*argv, "--max-steps", "8", "--contrast-join-repeat", "1", "--resume"]) == 0
+    # A setting whose value before it existed is not known (the teacher's min count followed the branch's): refused.
+    recorded_without("teacher_min_count")
+    assert run_cli(main, [*argv, "--max-steps", "10", "--contrast-join-repeat", "1"]) == 2
+    assert "differs in: teacher_min_count" in capsys.readouterr().err
 
 
 def test_full_disk_while_saving_is_one_line_and_keeps_last(parquet_data, tmp_path, capsys, monkeypatch):

@@ -71,11 +71,24 @@ class Setting:
     choices: Sequence[str] | None = None
     aliases: tuple[str, ...] = ()          # old spellings of the flag, kept for one release
     sets: dict[str, Any] = field(default_factory=dict)  # old flags that set a value: {"--post-ln": False}
+    # What a run folder recorded before the setting existed trained with (its value then, which the default may
+    # no longer be: --contrast-join-repeat was added at 1 and is 3 now), so that such a run can be resumed.
+    # None where not known: only the setting at None then continues that run.
+    absent: Any = None
 
 
 def setting(default: Any = MISSING, help: str = "", **kwargs: Any) -> Any:
     """A dataclass field with its command-line ``Setting``."""
     return field(default=default, metadata={"setting": Setting(help, **kwargs)})
+
+
+def recorded(config: Any, stored: dict[str, Any], name: str) -> Any:
+    """Setting ``name`` as the run settings ``stored`` (a config.json's "train") recorded it: its value, or for a run
+    recorded before the setting existed, the setting's ``absent`` value. ``config``: the settings dataclass or an
+    instance."""
+    if name in stored:
+        return stored[name]
+    return next((f.metadata["setting"].absent for f in fields(config) if f.name == name), None)
 
 
 def check_settings(config: Any) -> None:

@@ -46,6 +46,7 @@ from ..errors import ClassifyError
 from ..text.tokenize import load_tokenizer
 from . import distributed
 from .average import WeightAverage
+from .config import recorded
 from .files import (append_jsonl, load_model_weights, load_tensors, model_state, read_json, read_jsonl, save_tensors,
                     write_json, write_text)
 
@@ -164,15 +165,15 @@ class RunFolder:
         settings ``config`` (a ``RunConfig``) and the model config ``model``. Returns True when resuming;
         ``resume`` (``--resume``) makes a fresh start an error. Every rank calls it; rank 0 decides.
 
-        A folder holding another kind of run, or a run whose ``identity`` training fields or model
-        sizes differ, is refused unless ``overwrite`` (which empties it). Sizes set by the tokenizer
+        A folder holding another kind of run, or a run whose ``IDENTITY`` training fields or model
+        sizes differ, is refused unless ``overwrite`` (which empties it); a run recorded before a setting existed
+        counts as recorded with that setting's ``absent`` value (``config.recorded``). Sizes set by the tokenizer
         (``sized_by_tokenizer``: its size, the token ids of the negation scope) are known only after training it
         and are not compared.
         """
         def decide() -> bool:
             self.acquire()
-            resuming = self._decide(asdict(config), type(config).IDENTITY, model.to_dict(), overwrite,
-                                    sized_by_tokenizer)
+            resuming = self._decide(config, model.to_dict(), overwrite, sized_by_tokenizer)
             if resume and not resuming:
                 raise ClassifyError(f"--resume: {self.path} holds no run to continue (leave out --resume to "
                                     f"start one)")
@@ -180,7 +181,7 @@ class RunFolder:
 
         return distributed.on_main(decide)
 
-    def _decide(self, train: dict[str, Any], identity: tuple[str, ...], model: dict[str, Any], overwrite: bool,
+    def _decide(self, config: Any, model: dict[str, Any], overwrite: bool,
                 sized_by_tokenizer: tuple[str, ...]) -> bool:
         others = [p for p in self.path.iterdir() if p.name != LOCK]
         if not (self.path / CONFIG).exists():
@@ -194,7 +195,7 @@ class RunFolder:
             return False
         old = read_config(self.path, self.kind)
         old_train, old_model = old.get("train", {}), old.get("model", {})
-        diffs = [k for k in identity if old_train.get(k) != train.get(k)]
+        diffs = [k for k in type(config).IDENTITY if recorded(config, old_train, k) != getattr(config, k)]
         diffs += [k for k in model if k not in sized_by_tokenizer and old_model.get(k) != model[k]]
         if diffs:
             raise ClassifyError(f"{self.path} holds a different run (differs in: {', '.join(diffs)}); "
