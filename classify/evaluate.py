@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .backends import TorchBackend, batched_branches, batched_logits
-from .engine.config import HelpFormatter, InferenceConfig, add_flags
+from .engine.config import HelpFormatter, InferenceConfig, add_flags, recorded
 from .engine.files import read_jsonl, write_json
 from .engine.progress import progress_bar
 from .engine.runfolder import METRICS
@@ -44,6 +44,7 @@ from .mix import mixed_logits
 from .report import print_summary, write_markdown, write_plots
 from .text.counterfactual import load_pairs
 from .text.data import Examples, default_source, load_split, normalize, training_split
+from .train_config import TrainConfig
 
 MODEL = "model"
 TRANSFORMER_ALONE = "transformer alone"
@@ -294,9 +295,8 @@ def run_training_split(config: dict[str, Any], source: str | None) -> tuple[Exam
         raise ClassifyError(f"--baseline: the run's config.json has no train.{missing[0]}, so its training "
                             f"split cannot be rebuilt")
     try:
-        # Runs from before grouped validation existed record no split: theirs was random.
         return training_split(source or train["data"], train["val_size"], train["seed"], train.get("limit"),
-                              train.get("split", "random"))
+                              recorded(TrainConfig, train, "split"))
     except ClassifyError as err:
         raise ClassifyError(f"--baseline needs the run's training data: {err} (pass --train-data if it moved)") from None
 
@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     if kinds:
         train, val = run_training_split(run.config, args.train_data)
         # A model whose n-gram branch was fitted again on all labelled reviews meets baselines fitted so too.
-        refit = bool(run.config.get("train", {}).get("ngram_refit")) and run.config["model"].get("ngram_orders", 0) > 0
+        refit = (recorded(TrainConfig, run.config.get("train", {}), "ngram_refit")
+                 and run.config["model"].get("ngram_orders", 0) > 0)
     for kind in dict.fromkeys(kinds):
         start = time.monotonic()
         console.print(f"baseline {kind}: {BASELINES[kind].description}, on the run's {len(train)} training "

@@ -46,7 +46,6 @@ from .engine.files import write_json
 from .engine.runfolder import TOKENIZER
 from .errors import ClassifyError, run_cli
 from .inference import EXPORT_KIND, ONNX_MODEL, LoadedRun, load_run
-from .models import Classifier
 from .text.batching import pad_batch
 from .text.tokenize import SPECIAL_TOKENS
 

@@ -26,13 +26,14 @@ from rich.markup import escape
 from tokenizers import Tokenizer
 
 from .backends import Backend, OnnxBackend, TorchBackend, batched_logits
-from .engine.config import InferenceConfig, runtime
+from .engine.config import InferenceConfig, recorded, runtime
 from .engine.files import load_model_weights
 from .engine.runfolder import TOKENIZER, WEIGHTS, newest_run, read_model_config
 from .errors import ClassifyError
 from .models import Classifier, ClassifierConfig
 from .text.prepare import Prepared, Preprocessing
 from .text.tokenize import load_tokenizer
+from .train_config import TrainConfig
 
 KIND = "classifier"
 EXPORT_KIND = "classifier-onnx"   # config.json's kind in a folder written by classify.export
@@ -86,8 +87,8 @@ def _read(path: Path, kind: str) -> tuple[dict, ClassifierConfig, list[str], Pre
                             f"has {model_config.vocab_size}: the folder mixes files from different runs")
     labels = config.get("labels") or [str(i) for i in range(model_config.num_classes)]
     train = config.get("train", {})   # runs from before a setting existed read as they were trained
-    preprocessing = Preprocessing(tokenizer, model_config.max_len, train.get("truncation", "head+tail"),
-                                  train.get("spelling", False))
+    preprocessing = Preprocessing(tokenizer, model_config.max_len, recorded(TrainConfig, train, "truncation"),
+                                  recorded(TrainConfig, train, "spelling"))
     return config, model_config, list(labels), preprocessing
 
 

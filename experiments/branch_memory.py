@@ -54,7 +54,8 @@ from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import NgramBag, bag_logits, feature_matrix, fit_features
 from classify.text.data import Examples, unlabelled_split
 from classify.text.prepare import Preprocessing
-from classify.train import TrainConfig, Validation, counterfactual_examples, rule_made_examples
+from classify.train import Validation, counterfactual_examples, rule_made_examples
+from classify.train_config import TrainConfig
 
 from . import add_results_args, results_folder
 from .mix_forms import PAIRS, REVISIONS, validation_of

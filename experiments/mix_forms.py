@@ -55,7 +55,8 @@ from classify.text.data import Examples
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS
-from classify.train import TrainConfig, Validation, rule_made_examples, transformer_logits
+from classify.train import Validation, rule_made_examples, transformer_logits
+from classify.train_config import TrainConfig
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results

@@ -17,6 +17,7 @@ from classify.seq2seq import cli as seq2seq_cli
 from classify.seq2seq.task import Seq2SeqTrainConfig
 from classify.serve.__main__ import build_parser as serve_parser
 from classify.serve.limits import Limits
+from classify.train_config import TrainConfig
 
 # Flags that say how to run a command, not what the run is (config.json does not store them); the server's say
 # what to serve and where.
@@ -30,7 +31,7 @@ def seq2seq_train_parser() -> argparse.ArgumentParser:
     return parser._subparsers._group_actions[0].choices["train"]
 
 
-PARSERS = [(train.build_parser, train.TrainConfig, ClassifierConfig),
+PARSERS = [(train.build_parser, TrainConfig, ClassifierConfig),
            (pretrain.build_parser, pretrain.PretrainConfig, ClassifierConfig),
            (seq2seq_train_parser, Seq2SeqTrainConfig, TransformerConfig),
            (serve_parser, Limits, InferenceConfig)]   # the server has no model config: its runtime flags instead
@@ -57,7 +58,7 @@ def test_stored_config_round_trips_the_parsed_flags():
     args = train.build_parser().parse_args(["--output", "x", "--lr", "5e-4", "--time-budget", "30", "--threads", "1"])
     model, config = train.configs_from_args(args)
     assert (config.lr, config.time_budget, config.threads, config.epochs) == (5e-4, 30.0, 1, 3)
-    assert "threads" not in train.TrainConfig.IDENTITY  # how many threads a run used may change on resume
+    assert "threads" not in TrainConfig.IDENTITY  # how many threads a run used may change on resume
     assert model.d_model == args.d_model == 128 and model.num_classes == 2
 
 
@@ -92,15 +93,15 @@ def test_bad_settings_are_one_line_errors(module, flags, message, tmp_path, caps
 
 
 def test_config_default_names_a_missing_field():
-    assert train.TrainConfig.default("lr") == 1e-3
+    assert TrainConfig.default("lr") == 1e-3
     with pytest.raises(KeyError, match="no field 'nope'"):
-        train.TrainConfig.default("nope")
+        TrainConfig.default("nope")
 
 
 def test_time_budget_zero_is_allowed():
     args = train.build_parser().parse_args(["--output", "x", "--time-budget", "0"])
     model, config = train.configs_from_args(args)
-    assert from_args(train.TrainConfig, args).time_budget == config.time_budget == 0
+    assert from_args(TrainConfig, args).time_budget == config.time_budget == 0
 
 
 def test_runtime_applies_threads_and_rejects_impossible_devices():

@@ -287,7 +287,7 @@ def test_mix_forms_scores_the_validation_pairs_and_fits_them_only_where_asked():
 
 def test_validation_pairs_are_the_training_side_pairs_whose_original_is_a_validation_review(counterfactual_data):
     from classify.text.counterfactual import load_pairs
-    from classify.train import TrainConfig
+    from classify.train_config import TrainConfig
     from experiments.mix_forms import validation_pairs
 
     training, held_out = load_pairs(counterfactual_data, held_out=False), load_pairs(counterfactual_data, held_out=True)

@@ -13,7 +13,8 @@ from classify.errors import ClassifyError
 from classify.models import Classifier, ClassifierConfig
 from classify.text.word_vectors import cooccurrence, ppmi, word_vectors
 from classify import train
-from classify.train import TrainConfig, main, start_from_word_vectors
+from classify.train import main, start_from_word_vectors
+from classify.train_config import TrainConfig
 
 
 def test_cooccurrence_counts_each_pair_within_the_window_by_one_over_its_distance_inside_one_text():

@@ -225,7 +225,7 @@ class ReviewRunConfig(RunConfig):
     vocab_size: int = setting(30000, "tokenizer vocabulary size", check=positive)
     tokenizer: str = setting("word", "tokenizer kind, trained on the training text", choices=KINDS)
     truncation: str = setting("head+tail", "which part of a long review to keep (head+tail: first quarter + last "
-                                           "three quarters)", choices=TRUNCATIONS)
+                                           "three quarters)", choices=TRUNCATIONS, absent="head+tail")
     val_size: int | None = setting(None, "validation reviews carved from train (stratified); default: 10%% of the "
                                          "training reviews, at most 2,500", check=non_negative)
     limit: int | None = setting(None, "use only N training reviews, a seeded random sample (quick runs)",

@@ -46,7 +46,6 @@ def ppmi(counts: sp.csr_matrix, smoothing: float = CONTEXT_SMOOTHING) -> sp.csr_
     counts = counts.tocoo()
     keep = counts.data > 0
     rows, cols, data = counts.row[keep], counts.col[keep], counts.data[keep].astype(np.float64)
-    total = data.sum()
     words = np.bincount(rows, weights=data, minlength=counts.shape[0])
     contexts = np.bincount(cols, weights=data, minlength=counts.shape[1]) ** smoothing
     pmi = np.log(data * contexts.sum() / (words[rows] * contexts[cols]))
