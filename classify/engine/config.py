@@ -72,8 +72,9 @@ class Setting:
     aliases: tuple[str, ...] = ()          # old spellings of the flag, kept for one release
     sets: dict[str, Any] = field(default_factory=dict)  # old flags that set a value: {"--post-ln": False}
     # What a run folder recorded before the setting existed trained with (its value then, which the default may
-    # no longer be: --contrast-join-repeat was added at 1 and is 3 now), so that such a run can be resumed.
-    # None where not known: only the setting at None then continues that run.
+    # no longer be: --contrast-join-repeat was added at 1 and is 3 now), so that such a run can be resumed, and is
+    # read (inference, evaluate) as it was trained; see ``recorded``. None where not known: only the setting at None
+    # then continues that run.
     absent: Any = None
 
 
