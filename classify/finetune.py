@@ -5,7 +5,8 @@
 * :func:`adopt_pretrained` before building anything: the model sizes, tokenizer kind and
   vocabulary come from the pretraining run's config.json (a flag given on the command line
   that disagrees is one clear error), the learning-rate default drops to :data:`FINETUNE_LR`
-  unless ``--lr`` is given, and ``--val-size`` defaults to the split pretraining left out;
+  unless ``--lr`` is given, ``--word-vectors`` is off unless given (the embedding comes from
+  pretraining), and ``--val-size`` defaults to the split pretraining left out;
 * :func:`load_pretrained_encoder` after building the classifier: exactly the ``embed.*`` and
   ``encoder.*`` tensors are copied; the classification head stays freshly initialised;
 * :func:`layer_lr_scale` for ``--layer-decay``: lower learning rates for lower layers
@@ -61,7 +62,8 @@ def _flag(dest: str, value: Any) -> str:
 
 def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
                      argv: Sequence[str] | None) -> None:
-    """Set ``args``' model sizes and tokenizer from ``args.init_from`` and lower the lr default.
+    """Set ``args``' model sizes and tokenizer from ``args.init_from``, lower the lr default and leave
+    ``--word-vectors`` off unless given (then ``TrainConfig.validate`` refuses the pair).
 
     Raises ClassifyError when the folder is not a finished pretraining run or when a flag given
     on the command line contradicts it (e.g. ``--d-model 64`` against a pretrained width 128).
@@ -78,7 +80,7 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
         inherited = _inherited(config)
     except KeyError as err:
         raise ClassifyError(f"--init-from {run}: config.json lacks the model field {err}") from None
-    given = _given(parser, argv, [*inherited, "lr"])
+    given = _given(parser, argv, [*inherited, "lr", "word_vectors"])
     conflicts = [f"{_flag(dest, getattr(args, dest))} vs pretrained {_flag(dest, value)}"
                  for dest, value in inherited.items()
                  if dest in given and value is not None and getattr(args, dest) != value]
@@ -90,6 +92,8 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
             setattr(args, dest, value)
     if "lr" not in given:
         args.lr = FINETUNE_LR
+    if "word_vectors" not in given:  # the default's start for the embedding; pretraining brings its own
+        args.word_vectors = False
     pre = config.get("train", {})
     if args.val_size is None:  # validate on the split pretraining left out
         args.val_size = pre.get("val_size")

@@ -570,7 +570,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     """The training run of ``main``; under torchrun every rank runs it. Returns the exit code.
 
     Data, then three stages in order: (1) ``fit_ngram_stage``: the n-gram branch or teacher, the pseudo-labels;
-    (``--word-vectors``: the token embedding's start, ``start_from_word_vectors``);
+    then the token embedding's start, ``start_from_word_vectors`` (the default; ``--no-word-vectors`` skips it);
     (2) ``fit``: the transformer, on ``TransformerExamples`` (the labelled, counterfactual, rule-made and
     pseudo-labelled texts and windows cut from the reviews), the checkpoint chosen on what ships;
     (3) ``choose_mix``; then one evaluation on the test split."""

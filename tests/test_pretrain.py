@@ -170,6 +170,7 @@ def test_init_from_loads_exactly_the_pretrained_encoder(pretrained_run, unlabell
     assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "mix"}
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["init_from"] == str(pretrained_run) and config["train"]["lr"] == 3e-4
+    assert config["train"]["word_vectors"] is False  # the recipe's default start; the embedding is pretrained
     assert config["model"]["d_model"] == 32 and config["model"]["max_len"] == 64
     assert (out / "tokenizer.json").read_text() == (pretrained_run / "tokenizer.json").read_text()
     # Resuming (same command, more steps) continues from last/ rather than reloading the encoder.

@@ -71,15 +71,15 @@ def test_the_embedding_starts_from_the_vectors_where_the_texts_hold_the_word():
     torch.testing.assert_close(after[:3], before[:3])   # and so do the padding row and the special tokens
 
 
-def test_word_vectors_flag_starts_the_run_there_is_recorded_and_refused_beside_init_from(parquet_data, tmp_path,
-                                                                                         monkeypatch):
+def test_word_vectors_by_default_start_the_run_there_are_recorded_and_refused_beside_init_from(parquet_data, tmp_path,
+                                                                                               monkeypatch):
     started = []
     monkeypatch.setattr(train, "start_from_word_vectors", lambda model, ids, *rest: started.append(len(ids)))
-    for flag in ("--word-vectors", "--no-word-vectors"):
-        out = tmp_path / flag
-        assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test", flag,
+    for flags, on in (([], True), (["--no-word-vectors"], False)):   # the recipe's default, and leaving it out
+        out = tmp_path / f"run{len(flags)}"
+        assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test", *flags,
                      *TINY_MODEL_ARGS]) == 0
-        assert json.loads((out / "config.json").read_text())["train"]["word_vectors"] == (flag == "--word-vectors")
+        assert json.loads((out / "config.json").read_text())["train"]["word_vectors"] is on
     assert len(started) == 1 and started[0] > 0   # once, for the run that asked, on its training texts
     with pytest.raises(ClassifyError, match="--word-vectors starts the token embedding afresh"):
         TrainConfig(data="unused", word_vectors=True, init_from="a pretraining run").validate(ClassifierConfig(vocab_size=100))
