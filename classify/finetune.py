@@ -92,7 +92,7 @@ def adopt_pretrained(args: argparse.Namespace, parser: argparse.ArgumentParser,
             setattr(args, dest, value)
     if "lr" not in given:
         args.lr = FINETUNE_LR
-    if "word_vectors" not in given:  # the default's start for the embedding; pretraining brings its own
+    if "word_vectors" not in given:  # they would overwrite the pretrained embedding
         args.word_vectors = False
     pre = config.get("train", {})
     if args.val_size is None:  # validate on the split pretraining left out

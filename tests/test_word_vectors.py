@@ -75,7 +75,7 @@ def test_word_vectors_by_default_start_the_run_there_are_recorded_and_refused_be
                                                                                                monkeypatch):
     started = []
     monkeypatch.setattr(train, "start_from_word_vectors", lambda model, ids, *rest: started.append(len(ids)))
-    for flags, on in (([], True), (["--no-word-vectors"], False)):   # the recipe's default, and leaving it out
+    for flags, on in (([], True), (["--no-word-vectors"], False)):   # the recipe's default, and turned off
         out = tmp_path / f"run{len(flags)}"
         assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test", *flags,
                      *TINY_MODEL_ARGS]) == 0
