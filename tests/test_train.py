@@ -150,6 +150,17 @@ def test_help_explains_flags():
         assert flag in result.stdout
 
 
+@pytest.mark.slow
+def test_the_command_lines_start_without_scikit_learn():
+    """scikit-learn costs ~2.5 s to import: the commands import it where they fit or score, so that --help and a
+    one-line error come back after torch's import alone."""
+    commands = ["classify.train", "classify.predict", "classify.evaluate", "classify.pretrain", "classify.export"]
+    code = f"import sys, {', '.join(commands)}; print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def test_csv_source_trains_without_test_split(tmp_path):
     from conftest import synthetic_reviews
 

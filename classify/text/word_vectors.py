@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.utils.extmath import randomized_svd
 
 WINDOW = 5             # words up to this many tokens apart co-occur, each pair counted 1 / distance
 CONTEXT_SMOOTHING = 0.75   # contexts' counts raised to this power: rare contexts weigh less in the PMI (Levy et al.)
@@ -65,6 +64,10 @@ def word_vectors(ids: Sequence[Sequence[int]], vocab_size: int, dim: int, seed: 
     rank = min(dim, vocab_size - 1)
     if matrix.nnz == 0 or rank < 1:
         return vectors
+    # Imported here, as the package imports scikit-learn everywhere: at the top it adds ~2.5 s to every start of
+    # classify.train (its --help, its one-line errors), which needs it only at this step.
+    from sklearn.utils.extmath import randomized_svd
+
     u, s, _ = randomized_svd(matrix, rank, n_iter=3, random_state=seed)
     seen = np.diff(matrix.indptr) > 0          # the SVD leaves rounding noise, not zeros, on the others
     vectors[seen, :rank] = (u * np.sqrt(s))[seen]
