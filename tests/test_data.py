@@ -1,5 +1,8 @@
 """Loaders for every source, label checks, normalisation, splits, tokenizer round-trip."""
 
+import json
+import sys
+
 import pytest
 from conftest import synthetic_reviews, write_acl_imdb, write_csv, write_jsonl
 
@@ -36,6 +39,25 @@ def test_csv_and_jsonl_files(tmp_path, writer, suffix):
     examples = load_split(path, "train")
     assert examples.texts == [t for t, _ in rows]
     assert examples.labels == [y for _, y in rows]
+
+
+def test_local_files_are_read_without_datasets(tmp_path, parquet_data, monkeypatch):
+    """Local files never go through ``datasets`` (which would copy each into its cache): with it unimportable
+    every format still loads; a CSV field may hold line breaks and a text that looks like a number stays text;
+    a .json file may be one array; an unreadable file is one clear error."""
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    assert len(load_split(parquet_data, "train")) == 400
+    (tmp_path / "quoted.csv").write_text('text,label\n"Two lines,\nstill one review",1\n10,0\n', encoding="utf-8")
+    assert load_split(tmp_path / "quoted.csv").texts == ["Two lines,\nstill one review", "10"]
+    rows = synthetic_reviews(5)
+    (tmp_path / "array.json").write_text(json.dumps([{"text": t, "label": y} for t, y in rows]), encoding="utf-8")
+    assert load_split(tmp_path / "array.json").labels == [y for _, y in rows]
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(ClassifyError, match="cannot read"):
+        load_split(tmp_path / "broken.parquet")
+    (tmp_path / "broken.jsonl").write_text('{"text": "fine", "label": 1}\n{"text": \n', encoding="utf-8")
+    with pytest.raises(ClassifyError, match="cannot read"):
+        load_split(tmp_path / "broken.jsonl")
 
 
 def test_string_labels_neg_pos_accepted(tmp_path):

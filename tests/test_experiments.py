@@ -58,7 +58,7 @@ def test_pretraining_fine_tunes_each_snapshot_and_the_final_weights(parquet_data
                      "--val-size 80 --mlm-val-size 20 --max-steps 6 --eval-every 2 --precision fp32")
     argv = ["--data", str(parquet_data), "--runs", str(runs), "--results", str(results), "--snapshots", "0",
             "--pretrain-budget", "5", "--finetune-budget", "5", "--poll", "0.05", "--pretrain-args", pretrain_args,
-            "--finetune-args", "--max-steps 3 --batch-size 16 --val-size 80 --precision fp32"]
+            "--finetune-args", "--max-steps 3 --batch-size 16 --val-size 80 --precision fp32 --ngram-buckets 100003"]
     assert pretraining.main(argv) == 0
 
     report = json.loads((results / "pretraining.json").read_text())

@@ -16,8 +16,10 @@ The default source is ``$CLASSIFY_DATA`` if set, else the hub dataset.
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,15 +127,57 @@ def _load_acl_imdb(root: Path, split: str) -> Examples:
 
 
 def _load_file(path: Path) -> Examples:
+    """A local .parquet, .csv or .json / .jsonl file, read with pyarrow (parquet, CSV) or the standard library
+    (JSON). Not through ``datasets.load_dataset``: it writes a copy of every local file it is given into its cache
+    (~/.cache/huggingface/datasets; each new file another copy, a test session hundreds) and takes ~1.5 s to
+    import; the hub needs it, a file on disk does not."""
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ClassifyError(f"unsupported data file {path.name}: use .csv, .jsonl, .json or .parquet")
-    datasets = _datasets()
+    import pyarrow as pa
+
     try:
-        table = datasets.load_dataset(fmt, data_files=str(path), split="train")
-    except Exception as err:  # datasets wraps parser errors in many types
+        columns = _READERS[fmt](path)
+    except (OSError, ValueError, pa.ArrowException) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ClassifyError(f"cannot read {path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    return _from_table(table, str(path))
+    return _from_columns(columns, str(path))
+
+
+def _read_parquet(path: Path) -> dict[str, list]:
+    """The ``text`` and ``label`` columns of a parquet file (the others are read only when ``text`` is missing,
+    for the error to name them)."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    wanted = [name for name in names if name in ("text", "label")] if "text" in names else None
+    return pq.read_table(path, columns=wanted).to_pydict()
+
+
+def _read_csv(path: Path) -> dict[str, list]:
+    """A CSV file with a header row; a quoted field may hold line breaks; ``text`` is read as text even where
+    every value looks like a number."""
+    import pyarrow as pa
+    from pyarrow import csv
+
+    return csv.read_csv(path, parse_options=csv.ParseOptions(newlines_in_values=True),
+                        convert_options=csv.ConvertOptions(column_types={"text": pa.string()})).to_pydict()
+
+
+def _read_json(path: Path) -> dict[str, list]:
+    """JSON Lines (one object per line) or one JSON array of objects -> column name -> values (None where an
+    object lacks the key)."""
+    content = path.read_text(encoding="utf-8")
+    if content.lstrip().startswith("["):
+        records = json.loads(content)
+    else:
+        records = [json.loads(line) for line in content.splitlines() if line.strip()]
+    if not all(isinstance(record, dict) for record in records):
+        raise ValueError("expected JSON objects with 'text' and 'label', one per line or in one array")
+    names = dict.fromkeys(name for record in records for name in record)
+    return {name: [record.get(name) for record in records] for name in names}
+
+
+_READERS = {"parquet": _read_parquet, "csv": _read_csv, "json": _read_json}
 
 
 def _load_hub(name: str, split: str) -> Examples:
@@ -143,7 +187,7 @@ def _load_hub(name: str, split: str) -> Examples:
     except Exception as err:
         raise ClassifyError(f"cannot load {name!r} split {split!r} from the Hugging Face hub "
                             f"(no network? pass a local folder with --data): {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    return _from_table(table, name)
+    return _from_columns({column: table[column] for column in table.column_names}, name)
 
 
 def _datasets():
@@ -155,14 +199,13 @@ def _datasets():
     return datasets
 
 
-def _from_table(table, where: str) -> Examples:
-    columns = set(table.column_names)
-    missing = {"text", "label"} - columns
-    if "text" in missing:
+def _from_columns(columns: Mapping[str, Sequence], where: str) -> Examples:
+    """Column name -> values: ``text`` required, ``label`` optional (without it every text is unlabelled, -1)."""
+    if "text" not in columns:
         raise ClassifyError(f"{where} has no 'text' column (columns: {', '.join(sorted(columns))})")
-    texts = table["text"]
-    labels = table["label"] if "label" in columns else [-1] * len(texts)
-    return Examples(list(texts), list(labels))
+    texts = list(columns["text"])
+    labels = list(columns["label"]) if "label" in columns else [-1] * len(texts)
+    return Examples(texts, labels)
 
 
 def _check(examples: Examples, where: str, num_classes: int, labelled: bool) -> Examples:
