@@ -173,7 +173,8 @@ def _read_json(path: Path) -> dict[str, list]:
         records = [json.loads(line) for line in content.splitlines() if line.strip()]
     if not all(isinstance(record, dict) for record in records):
         raise ValueError("expected JSON objects with 'text' and 'label', one per line or in one array")
-    names = dict.fromkeys(name for record in records for name in record)
+    # No objects at all: the columns are there, empty, so that the check says the file is empty.
+    names = dict.fromkeys(name for record in records for name in record) or dict.fromkeys(("text", "label"))
     return {name: [record.get(name) for record in records] for name in names}
 
 
