@@ -52,6 +52,9 @@ def test_local_files_are_read_without_datasets(tmp_path, parquet_data, monkeypat
     rows = synthetic_reviews(5)
     (tmp_path / "array.json").write_text(json.dumps([{"text": t, "label": y} for t, y in rows]), encoding="utf-8")
     assert load_split(tmp_path / "array.json").labels == [y for _, y in rows]
+    lines = [{"text": "one\u2028paragraph", "label": 1}, {"text": "two", "label": 0}]   # a raw line separator
+    (tmp_path / "raw.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in lines), encoding="utf-8")
+    assert load_split(tmp_path / "raw.jsonl").texts == ["one\u2028paragraph", "two"]
     (tmp_path / "blank.jsonl").write_text("\n", encoding="utf-8")
     with pytest.raises(ClassifyError, match="empty"):
         load_split(tmp_path / "blank.jsonl")

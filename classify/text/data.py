@@ -144,13 +144,11 @@ def _load_file(path: Path) -> Examples:
 
 
 def _read_parquet(path: Path) -> dict[str, list]:
-    """The ``text`` and ``label`` columns of a parquet file (the others are read only when ``text`` is missing,
-    for the error to name them)."""
+    """The ``text`` and ``label`` columns of a parquet file (``_columns_to_read``)."""
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
-    wanted = [name for name in names if name in ("text", "label")] if "text" in names else None
-    return pq.read_table(path, columns=wanted).to_pydict()
+    file = pq.ParquetFile(path)
+    return file.read(columns=_columns_to_read(file.schema_arrow.names)).to_pydict()
 
 
 def _read_csv(path: Path) -> dict[str, list]:
@@ -170,7 +168,8 @@ def _read_json(path: Path) -> dict[str, list]:
     if content.lstrip().startswith("["):
         records = json.loads(content)
     else:
-        records = [json.loads(line) for line in content.splitlines() if line.strip()]
+        # split("\n"), not splitlines(): that also splits at U+2028 and other separators a JSON string may hold raw.
+        records = [json.loads(line) for line in content.split("\n") if line.strip()]
     if not all(isinstance(record, dict) for record in records):
         raise ValueError("expected JSON objects with 'text' and 'label', one per line or in one array")
     # No objects at all: the columns are there, empty, so that the check says the file is empty.
@@ -181,6 +180,12 @@ def _read_json(path: Path) -> dict[str, list]:
 _READERS = {"parquet": _read_parquet, "csv": _read_csv, "json": _read_json}
 
 
+def _columns_to_read(names: Sequence[str]) -> list[str]:
+    """Of a table's columns, ``text`` and ``label``; all of them when ``text`` is missing, for the error to name
+    them."""
+    return [name for name in names if name in ("text", "label")] if "text" in names else list(names)
+
+
 def _load_hub(name: str, split: str) -> Examples:
     datasets = _datasets()
     try:
@@ -188,7 +193,7 @@ def _load_hub(name: str, split: str) -> Examples:
     except Exception as err:
         raise ClassifyError(f"cannot load {name!r} split {split!r} from the Hugging Face hub "
                             f"(no network? pass a local folder with --data): {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
-    return _from_columns({column: table[column] for column in table.column_names}, name)
+    return _from_columns({column: table[column] for column in _columns_to_read(table.column_names)}, name)
 
 
 def _datasets():
