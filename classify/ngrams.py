@@ -222,6 +222,15 @@ class NgramBag(nn.Module):
             return self.column.float() * (direction[1] - direction[0])
         return self.weight.float() @ direction
 
+    @torch.no_grad()
+    def word_values(self, direction: Tensor) -> Tensor:
+        """Each token id's unigram slot dotted with ``direction`` (C,) -> (vocab_size,) float32: the weight the
+        branch gives a word as a plain 1-gram, outside any negation scope (its NOT_word and its n-grams of the
+        review's ends are features of their own). The padding id gets 0."""
+        words = torch.arange(self.vocab_size, device=self.device)[:, None]                  # (V, 1)
+        slots = family_slots(words, self.pad_id, self.vocab_size, self.buckets, [Family((0,))])[0][:, 0]
+        return self.slot_values(direction)[slots]
+
     def scope(self, tokens: Tensor) -> Tensor | None:
         """tokens (B, T) -> (B, T) bool, the words read as NOT_word (``negation_scope``); None without marking."""
         return negation_scope(tokens, self.negators, self.breaks, self.negation) if self.negation else None

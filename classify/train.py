@@ -47,7 +47,7 @@ from .text.edits import Lexicon, contrast_joins, negation_pairs
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, closing_sentences, elided_negation
-from .text.word_vectors import word_vectors
+from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults=RECIPE)  # the flags build the shipped model by default
     add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "teacher_min_count", "ngram_self_train", "ngram_refit",
                                "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
-                               "word_vectors"])
+                               "word_vectors", "word_polarity"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
               ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
                "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
@@ -312,7 +312,8 @@ def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device
 
 def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                     train: tuple[list[TokenIds], list[int], np.ndarray], val: tuple[list[TokenIds], list[int]],
-                    validation: Validation, unlabelled_ids: list[TokenIds], console: Console) -> np.ndarray:
+                    validation: Validation, unlabelled_ids: list[TokenIds],
+                    console: Console) -> tuple[np.ndarray, np.ndarray | None]:
     """Stage 1 of a fresh run, before the transformer trains. ``train``: (ids, labels, (N,) bool: a negation edit
     or its sentence, which counts --negation-edit-weight in the branch's fits and --teacher-edit-weight in the
     teacher's, where a review counts 1).
@@ -325,9 +326,12 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
       for ``validation`` kept (held out: the mix and the checkpoint are chosen on them); with --ngram-refit,
       fitted again on ``train`` and ``val`` (the whole validation reviews) together, for the model it keeps.
 
-    Returns the teacher's class probabilities for the unlabelled reviews, (N, C); N = 0 without pseudo-labels."""
+    Returns the teacher's class probabilities for the unlabelled reviews, (N, C) (N = 0 without pseudo-labels),
+    and with --word-polarity each word's weight in the first of these fits, (V,), else None."""
     (train_ids, train_labels, edit), (val_ids, val_labels) = train, val
     given = np.zeros((0, model.config.num_classes), dtype=np.float32)
+    polarity = None   # read from the first fit, before the next one replaces its weights (one table serves both)
+    towards_positive = torch.tensor([-1.0, 1.0])
     teach = config.pseudo_labels and bool(unlabelled_ids)
     own_teacher = teach and (model.ngram is None or config.teacher_min_count != config.ngram_min_count
                              or (config.teacher_edit_weight != config.negation_edit_weight and bool(edit.any())))
@@ -341,6 +345,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                     f"{len(train_ids)} reviews in {time.monotonic() - t:.0f}s; it labels "
                     f"{(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}; peak memory "
                     f"{peak_memory()}")
+        if config.word_polarity:
+            polarity = teacher.word_values(towards_positive).cpu().numpy()
     if model.ngram is not None:
         t = time.monotonic()
         bag, self_train = model.ngram, config.ngram_self_train
@@ -351,6 +357,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                                                config.ngram_c, self_train, weights, config.ngram_min_count)
         if branch_teaches:
             given = labelled_by_fit
+        if config.word_polarity and polarity is None:
+            polarity = bag.word_values(towards_positive).cpu().numpy()
         console.log(f"n-gram branch ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots; negation edits "
                     f"weighted {config.negation_edit_weight})"
                     + (f" self-trained on {len(unlabelled_ids)} unlabelled reviews" if self_train else "")
@@ -369,9 +377,9 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                             f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits); peak memory "
                             f"{peak_memory()}")
     if not (teach and len(given)):
-        return given[:0]
+        return given[:0], polarity
     run.save_pseudo_labels(given, "n-gram teacher" if own_teacher else "n-gram branch, first fit")
-    return given
+    return given, polarity
 
 
 def saved_pseudo_labels(run: RunFolder, count: int, num_classes: int) -> np.ndarray:
@@ -397,6 +405,42 @@ def start_from_word_vectors(model: Classifier, ids: list[TokenIds], seed: int, c
         weight[known] = vectors[known].to(weight.device, weight.dtype)
     console.log(f"token embedding: {int(known.sum())} of {len(known)} rows start from word vectors of "
                 f"{len(ids)} texts, {time.monotonic() - t0:.1f}s; peak memory {peak_memory()}")
+
+
+# The polarity direction's entries: their root mean square over the words with a weight. Twice a word vector's
+# entry (``text.word_vectors.SCALE``) and a learned position's: after the first LayerNorm a word of typical weight
+# stands out of its row (~1.4 standard deviations) without drowning the rest of it.
+POLARITY_SCALE = 2 * SCALE
+
+
+def start_from_word_polarity(model: Classifier, polarity: np.ndarray | None, seed: int, console: Console) -> None:
+    """``--word-polarity``: one direction ``u`` (a random unit vector of ``seed``) of the token embedding holds
+    each word's weight towards the positive class in stage 1's first n-gram fit, ``polarity`` (V,), scaled to
+    ``POLARITY_SCALE``; every row's own part along ``u`` gives way, the padding row stays. The blocks see a word's
+    polarity from the first step, a rare word's too, which the transformer would otherwise meet in a few batches.
+    The head is left as it starts: at the start the blocks add entries of ~0.5-0.8 to the residual stream, so the
+    embedding's ~0.03 is drowned there and a head reading ``u`` would read nearly nothing of it."""
+    if polarity is None:
+        raise ClassifyError("--word-polarity: stage 1 fitted no n-gram model (no n-gram branch, and no unlabelled "
+                            "reviews for the teacher)")
+    weight = model.embed.tokens.weight
+    u = torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(seed))
+    u = u / u.norm()
+    p = torch.as_tensor(polarity, dtype=torch.float32).clone()
+    p[model.config.pad_id] = 0.0
+    weighted = p != 0
+    if not weighted.any():
+        raise ClassifyError("--word-polarity: the n-gram fit gave no word a weight (too few training texts for "
+                            "--teacher-min-count / --ngram-min-count?)")
+    p *= POLARITY_SCALE / p[weighted].square().mean().sqrt()
+    rows = torch.ones(len(p), dtype=torch.bool)
+    rows[model.config.pad_id] = False
+    with torch.no_grad():
+        start = weight.float().cpu()
+        start[rows] += (p[rows] - start[rows] @ u)[:, None] * u[None]
+        weight.copy_(start.to(weight.device, weight.dtype))
+    console.log(f"token embedding: one direction holds the weights of {int(weighted.sum())} words in the first "
+                f"n-gram fit")
 
 
 def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
@@ -622,6 +666,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                       else [])
     labelled = (train_ids + counterfactual_ids + edit_ids, train_set.labels + counterfactual.labels + edits.labels,
                 np.repeat([False, True], [len(train_ids) + len(counterfactual_ids), len(edit_ids)]))  # the n-grams' data
+    polarity = None
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
                  if config.pseudo_labels and unlabelled_ids else np.zeros((0, model_config.num_classes)))
@@ -629,11 +674,14 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
             validation.ngram = distributed.on_main(lambda: run.branch_validation(len(validation.ids),
                                                                                  model_config.num_classes))
     else:  # Stage 1: rank 0 alone; DDP gives every rank its weights when fit() wraps the model
-        given = distributed.on_main(lambda: fit_ngram_stage(run, model, config, labelled, (val_ids, val_set.labels),
-                                                            validation, unlabelled_ids, console))
+        given, polarity = distributed.on_main(lambda: fit_ngram_stage(run, model, config, labelled,
+                                                                      (val_ids, val_set.labels), validation,
+                                                                      unlabelled_ids, console))
         validation.ngram = distributed.broadcast_object(validation.ngram)
     if config.word_vectors and not resuming:  # rank 0 alone, as stage 1; on resume last/ holds the trained rows
         distributed.on_main(lambda: start_from_word_vectors(model, train_ids + unlabelled_ids, config.seed, console))
+    if config.word_polarity and not resuming:   # after the word vectors: the direction is carved out of them
+        distributed.on_main(lambda: start_from_word_polarity(model, polarity, config.seed, console))
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
     parts = [TrainingPart(train_ids, train_set.labels),
              TrainingPart.of(counterfactual_ids, counterfactual.labels, config.counterfactual_repeat,

@@ -61,6 +61,11 @@ class TrainConfig(ReviewRunConfig):
                                        "pairs the suite failed 9.0 against 10.9 percent of its sentences "
                                        "(experiments/RESULTS.md)",
                                  absent=False)
+    word_polarity: bool = setting(False, "start one direction of the token embedding at each word's weight in stage "
+                                         "1's first n-gram fit (its unigram's; the teacher's, or the branch's), "
+                                         "so the transformer sees a word's polarity from the first step, a rare "
+                                         "word's too. Needs the n-gram branch or --pseudo-labels, and two classes",
+                                  absent=False)
     ngram_c: float = setting(1.0, "inverse L2 strength of the n-gram branch's logistic regression", check=positive)
     ngram_min_count: int = setting(5, "an n-gram slot fewer than this many training texts have gets no weight in the "
                                       "fits of the n-gram branch: an n-gram a few reviews alone have is mostly "
@@ -191,8 +196,9 @@ class TrainConfig(ReviewRunConfig):
                                         check=positive, absent=1)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
-                                           "word_vectors", "split", "ngram_c", "ngram_min_count", "teacher_min_count",
-                                           "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
+                                           "word_vectors", "word_polarity", "split", "ngram_c", "ngram_min_count",
+                                           "teacher_min_count", "pseudo_labels", "soft_labels", "pseudo_label_weight",
+                                           "self_label_share",
                                            "ngram_refit", "short_texts", "closing_passages", "elided_negation_repeat",
                                            "elided_negation_balance", "negation_edits", "negators",
                                            "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
@@ -206,6 +212,9 @@ class TrainConfig(ReviewRunConfig):
         if (self.pseudo_label_weight != 1 or self.self_label_share) and not (self.pseudo_labels and self.soft_labels):
             raise ClassifyError("--pseudo-label-weight and --self-label-share act on the teacher's soft labels: they "
                                 "need --pseudo-labels and --soft-labels")
+        if self.word_polarity and not ((model.ngram_orders or self.pseudo_labels) and model.num_classes == 2):
+            raise ClassifyError("--word-polarity reads each word's weight in the n-gram fit of stage 1 as one number: "
+                                "it needs the n-gram branch (--ngram-orders > 0) or --pseudo-labels, and two classes")
         if self.word_vectors and self.init_from:
             raise ClassifyError("--word-vectors starts the token embedding afresh; --init-from brings a trained one: "
                                 "give one of them")
