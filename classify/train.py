@@ -29,6 +29,7 @@ from rich.console import Console
 from .backends import TorchBackend, batched_branches, batched_transformer
 from .engine.config import HelpFormatter, add_flags, add_run_folder_args, from_args
 from .engine import distributed
+from .engine.background import Background
 from .engine.device import peak_memory
 from .engine.files import load_model_weights
 from .engine.loop import Task, fit, run_trainer
@@ -38,7 +39,7 @@ from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
-from .ngrams import bag_logits, describe, self_train_ngram_bag
+from .ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
 from .text.batching import Collate
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size, load_split, normalize,
@@ -321,7 +322,9 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` labels the unlabelled reviews (kept
       in the run folder). It is the branch's own fit when the two fits' settings are equal (edit weight, min
       count); otherwise, and without a branch in the model (--ngram-orders 0), a fit of its own of the recipe's
-      branch, then dropped.
+      branch in a bag of its own, then dropped. That fit runs on a second thread beside the branch's
+      (``engine.background``): liblinear and torch's kernels release the GIL, so on two cores the stage takes
+      about the teacher's time instead of the sum (each fit's result is what it would be alone).
     - The branch: fitted on ``train`` (with --ngram-self-train self-trained on the unlabelled reviews), its logits
       for ``validation`` kept (held out: the mix and the checkpoint are chosen on them); with --ngram-refit,
       fitted again on ``train`` and ``val`` (the whole validation reviews) together, for the model it keeps.
@@ -329,42 +332,41 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     Returns the teacher's class probabilities for the unlabelled reviews, (N, C) (N = 0 without pseudo-labels),
     and with --word-polarity each word's weight in the first of these fits, (V,), else None."""
     (train_ids, train_labels, edit), (val_ids, val_labels) = train, val
-    given = np.zeros((0, model.config.num_classes), dtype=np.float32)
-    polarity = None   # read from the first fit, before the next one replaces its weights (one table serves both)
     towards_positive = torch.tensor([-1.0, 1.0])
     teach = config.pseudo_labels and bool(unlabelled_ids)
     own_teacher = teach and (model.ngram is None or config.teacher_min_count != config.ngram_min_count
                              or (config.teacher_edit_weight != config.negation_edit_weight and bool(edit.any())))
-    if own_teacher:
+
+    def polarity_of(bag: NgramBag) -> np.ndarray | None:
+        return bag.word_values(towards_positive).cpu().numpy() if config.word_polarity else None
+
+    def fit_teacher() -> tuple[np.ndarray, np.ndarray | None]:
         t = time.monotonic()
-        teacher = model.ngram if model.ngram is not None else ngram_branch(model.config, RECIPE["ngram_orders"])
-        given = self_train_ngram_bag(teacher, train_ids, train_labels, unlabelled_ids, config.ngram_c, False,
-                                     np.where(edit, config.teacher_edit_weight, 1.0), config.teacher_min_count)
+        teacher = ngram_branch(model.config, model.config.ngram_orders or RECIPE["ngram_orders"])
+        teacher = teacher.to(model.head.weight.device)
+        labels = self_train_ngram_bag(teacher, train_ids, train_labels, unlabelled_ids, config.ngram_c, False,
+                                      np.where(edit, config.teacher_edit_weight, 1.0), config.teacher_min_count)
         console.log(f"n-gram teacher (negation edits weighted {config.teacher_edit_weight}, min count "
                     f"{config.teacher_min_count}) fitted on "
                     f"{len(train_ids)} reviews in {time.monotonic() - t:.0f}s; it labels "
-                    f"{(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}; peak memory "
+                    f"{(labels.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}; peak memory "
                     f"{peak_memory()}")
-        if config.word_polarity:
-            polarity = teacher.word_values(towards_positive).cpu().numpy()
-    if model.ngram is not None:
+        return labels, polarity_of(teacher)
+
+    def fit_branch(bag: NgramBag) -> tuple[np.ndarray, np.ndarray | None]:
         t = time.monotonic()
-        bag, self_train = model.ngram, config.ngram_self_train
-        branch_teaches = teach and not own_teacher
+        self_train, branch_teaches = config.ngram_self_train, teach and not own_teacher
         weights = np.where(edit, config.negation_edit_weight, 1.0)
         labelled_by_fit = self_train_ngram_bag(bag, train_ids, train_labels,
                                                unlabelled_ids if self_train or branch_teaches else [],
                                                config.ngram_c, self_train, weights, config.ngram_min_count)
-        if branch_teaches:
-            given = labelled_by_fit
-        if config.word_polarity and polarity is None:
-            polarity = bag.word_values(towards_positive).cpu().numpy()
+        polarity = polarity_of(bag)    # the first fit's: the refit below replaces it
         console.log(f"n-gram branch ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots; negation edits "
                     f"weighted {config.negation_edit_weight})"
                     + (f" self-trained on {len(unlabelled_ids)} unlabelled reviews" if self_train else "")
                     + f" fitted on {len(train_ids)} reviews in {time.monotonic() - t:.0f}s"
-                    + (f"; it labels {(given.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}"
-                       if branch_teaches else "") + f"; peak memory {peak_memory()}")
+                    + (f"; it labels {(labelled_by_fit.argmax(1) == 1).mean():.0%} of the unlabelled reviews "
+                       f"{LABEL_NAMES[1]}" if branch_teaches else "") + f"; peak memory {peak_memory()}")
         if validation.ids:
             validation.ngram = bag_logits(bag, validation.ids).numpy()
             run.save_branch_validation(validation.ngram)
@@ -376,6 +378,15 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                 console.log(f"n-gram branch fitted again on all {len(train_ids) + len(val_ids)} labelled reviews in "
                             f"{time.monotonic() - t:.0f}s (validation keeps the first fit's logits); peak memory "
                             f"{peak_memory()}")
+        return (labelled_by_fit if branch_teaches else labelled_by_fit[:0]), polarity
+
+    given = np.zeros((0, model.config.num_classes), dtype=np.float32)
+    polarity = None
+    teaching = Background(fit_teacher, "n-gram-teacher") if own_teacher else None
+    if model.ngram is not None:
+        given, polarity = fit_branch(model.ngram)
+    if teaching is not None:
+        given, polarity = teaching.result()
     if not (teach and len(given)):
         return given[:0], polarity
     run.save_pseudo_labels(given, "n-gram teacher" if own_teacher else "n-gram branch, first fit")
