@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import classify.engine.files as files
 import classify.engine.loop as loop
+from classify.engine.background import Background
 from classify.engine.files import load_tensors, read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION, RunFolder
 from classify.errors import ClassifyError, run_cli
@@ -337,21 +338,31 @@ def test_the_kept_branch_is_fitted_on_all_labelled_reviews_and_the_mix_on_the_fi
     ("--teacher-edit-weight", "--negation-edit-weight", "0.5", "0.05", []),
     ("--teacher-min-count", "--ngram-min-count", "1", "3",
      ["--teacher-edit-weight", "0.05", "--negation-edit-weight", "0.05"])])
-def test_the_teacher_and_the_kept_branch_are_fitted_each_by_its_own_flag(unlabelled_data, tmp_path, teacher_flag,
-                                                                         branch_flag, one, other, same):
-    """Each setting of the two fits apart (``same``: the others made equal, so that one setting alone differs)."""
-    def run(teacher: str, branch: str) -> dict:
-        out = tmp_path / f"{teacher}-{branch}"
+def test_the_teacher_and_the_kept_branch_are_fitted_each_by_its_own_flag(unlabelled_data, tmp_path, monkeypatch,
+                                                                         teacher_flag, branch_flag, one, other, same):
+    """Each setting of the two fits apart (``same``: the others made equal, so that one setting alone differs). With
+    two threads the teacher is fitted on a second thread beside the branch, with one after it: the same fits."""
+    beside = []
+    monkeypatch.setattr("classify.train.Background", lambda fn, name: beside.append(name) or Background(fn, name))
+
+    def run(teacher: str, branch: str, threads: str = "1") -> dict:
+        out = tmp_path / f"{teacher}-{branch}-{threads}"
         assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test",
-                     *TINY_MODEL_ARGS, teacher_flag, teacher, branch_flag, branch, *same]) == 0   # the last flag wins
+                     *TINY_MODEL_ARGS, teacher_flag, teacher, branch_flag, branch, *same,   # the last flag wins
+                     "--threads", threads]) == 0
         folder = RunFolder(out, "classifier")
         return {"teacher": json.loads((out / "pseudo_labels.json").read_text())["teacher"],
                 "labels": folder.pseudo_labels(2), "held_out": folder.branch_validation(
                     json.loads((out / "branch_validation.json").read_text())["count"], 2),
                 "branch": load_tensors(out / "model.safetensors")["ngram.weight"]}
 
-    both, teacher_only, branch_only = run(one, other), run(one, one), run(other, other)
+    both, teacher_only, branch_only = run(one, other, "2"), run(one, one), run(other, other)
     assert (both["teacher"], teacher_only["teacher"]) == ("n-gram teacher", "n-gram branch, first fit")
+    in_turn = run(one, other)
+    assert beside == ["n-gram-teacher"]   # the run of two threads with a teacher of its own, alone
+    for part in ("labels", "held_out"):
+        np.testing.assert_array_equal(both[part], in_turn[part])
+    torch.testing.assert_close(both["branch"], in_turn["branch"], rtol=0, atol=0)
     # The unlabelled reviews' labels come from the fit at the teacher's setting ...
     np.testing.assert_array_equal(both["labels"], teacher_only["labels"])
     assert not np.allclose(both["labels"], branch_only["labels"])   # (the setting matters on this data)
