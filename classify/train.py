@@ -321,10 +321,10 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
 
     - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` labels the unlabelled reviews (kept
       in the run folder). It is the branch's own fit when the two fits' settings are equal (edit weight, min
-      count); otherwise, and without a branch in the model (--ngram-orders 0), a fit of its own of the recipe's
-      branch in a bag of its own, then dropped. With two threads or more that fit runs on a second thread beside
-      the branch's (``engine.background``): liblinear and torch's kernels release the GIL, so on two cores the
-      stage takes about the teacher's time instead of the sum (each fit's result is what it would be alone).
+      count); otherwise a fit of its own, in a bag of its own (the model's branch's n-grams, or the recipe's
+      without a branch, --ngram-orders 0), then dropped. With two threads or more that fit runs on a second
+      thread beside the branch's (``engine.background``): liblinear and torch's kernels release the GIL, so on
+      two cores the stage takes about the teacher's time instead of the sum (each fit's result is as alone).
     - The branch: fitted on ``train`` (with --ngram-self-train self-trained on the unlabelled reviews), its logits
       for ``validation`` kept (held out: the mix and the checkpoint are chosen on them); with --ngram-refit,
       fitted again on ``train`` and ``val`` (the whole validation reviews) together, for the model it keeps.
@@ -360,7 +360,7 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
         labelled_by_fit = self_train_ngram_bag(bag, train_ids, train_labels,
                                                unlabelled_ids if self_train or branch_teaches else [],
                                                config.ngram_c, self_train, weights, config.ngram_min_count)
-        polarity = polarity_of(bag)    # the first fit's: the refit below replaces it
+        polarity = None if own_teacher else polarity_of(bag)   # the first fit's: the refit below replaces it
         console.log(f"n-gram branch ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots; negation edits "
                     f"weighted {config.negation_edit_weight})"
                     + (f" self-trained on {len(unlabelled_ids)} unlabelled reviews" if self_train else "")
