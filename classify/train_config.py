@@ -38,8 +38,8 @@ class TrainConfig(ReviewRunConfig):
     batching: str = setting("bucket", "bucket: length-bucketed batches padded to their longest review; fixed: "
                                       "random batches padded to --max-len (the naive pipeline, for comparisons "
                                       "only)", choices=("bucket", "fixed"))
-    label_smoothing: float = setting(0.0, "label smoothing of the cross-entropy (the teacher's targets too). Not in the "
-                                          "recipe: 0.1 cost the mix 2.0 points on the validation reviews' closing "
+    label_smoothing: float = setting(0.0, "label smoothing of the cross-entropy (the teacher's targets too). Not in "
+                                          "the recipe: 0.1 cost the mix 2.0 points on the validation reviews' closing "
                                           "sentences and IMDB test 0.14, two seeds (experiments/RESULTS.md)",
                                      check=fraction)
     init_from: str | None = setting(None, "start from a classify.pretrain run folder: its tokenizer, model sizes "
@@ -64,8 +64,8 @@ class TrainConfig(ReviewRunConfig):
     word_polarity: bool = setting(False, "start one direction of the token embedding at each word's weight in stage "
                                          "1's first n-gram fit (its unigram's; the teacher's, or the branch's), "
                                          "so the transformer sees a word's polarity from the first step, a rare "
-                                         "word's too. Needs the n-gram branch or --pseudo-labels, and two classes. Not in "
-                                         "the recipe: paired at 4,400 steps on two seeds, the mix on the validation "
+                                         "word's too. Needs the n-gram branch or --pseudo-labels, and two "
+                                         "classes. Not in the recipe: paired at 4,400 steps on two seeds, the mix on the validation "
                                          "reviews' closing sentences -0.6 point, and the suite's negated negatives "
                                          "failed 23.6 / 12.8 percent against 10.3 / 7.7 (experiments/RESULTS.md)",
                                   absent=False)
@@ -201,10 +201,9 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "word_vectors", "word_polarity", "split", "ngram_c", "ngram_min_count",
                                            "teacher_min_count", "pseudo_labels", "soft_labels", "pseudo_label_weight",
-                                           "self_label_share",
-                                           "ngram_refit", "short_texts", "closing_passages", "elided_negation_repeat",
-                                           "elided_negation_balance", "negation_edits", "negators",
-                                           "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
+                                           "self_label_share", "ngram_refit", "short_texts", "closing_passages",
+                                           "elided_negation_repeat", "elided_negation_balance", "negation_edits",
+                                           "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
                                            "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
 
