@@ -175,7 +175,7 @@ def test_csv_source_trains_without_test_split(tmp_path):
 def test_real_imdb_sample_beats_chance(shared_imdb, tmp_path):
     out = tmp_path / "imdb"
     assert main(["--data", str(shared_imdb), "--output", str(out), "--limit", "3000", "--val-size", "500",
-                 "--epochs", "2", "--d-model", "64", "--heads", "2", "--layers", "1", "--d-ff", "128",
+                 "--epochs", "1", "--d-model", "64", "--heads", "2", "--layers", "1", "--d-ff", "128",
                  "--max-len", "128", "--vocab-size", "8000", "--batch-size", "32", "--lr", "2e-3",
                  "--warmup", "20", "--quiet", "--no-test"]) == 0
     best = max(r["val_accuracy"] for r in read_jsonl(out / "metrics.jsonl"))
