@@ -65,9 +65,10 @@ class TrainConfig(ReviewRunConfig):
                                          "1's first n-gram fit (its unigram's; the teacher's, or the branch's), "
                                          "so the transformer sees a word's polarity from the first step, a rare "
                                          "word's too. Needs the n-gram branch or --pseudo-labels, and two "
-                                         "classes. Not in the recipe: paired at 4,400 steps on two seeds, the mix on the validation "
-                                         "reviews' closing sentences -0.6 point, and the suite's negated negatives "
-                                         "failed 23.6 / 12.8 percent against 10.3 / 7.7 (experiments/RESULTS.md)",
+                                         "classes. Not in the recipe: paired at 4,400 steps on two seeds, the mix "
+                                         "on the validation reviews' closing sentences -0.6 point, and the suite's "
+                                         "negated negatives failed 23.6 / 12.8 percent against 10.3 / 7.7 "
+                                         "(experiments/RESULTS.md)",
                                   absent=False)
     ngram_c: float = setting(1.0, "inverse L2 strength of the n-gram branch's logistic regression", check=positive)
     ngram_min_count: int = setting(5, "an n-gram slot fewer than this many training texts have gets no weight in the "
