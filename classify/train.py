@@ -33,14 +33,15 @@ from .engine.background import Background
 from .engine.device import peak_memory
 from .engine.files import load_model_weights
 from .engine.loop import Task, fit, run_trainer
-from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder
+from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder, read_config
+from .command_budget import AfterTraining, forward_rate, training_minutes
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
-from .text.batching import Collate
+from .text.batching import Collate, pad_batch
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
                                "word_vectors", "word_polarity"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
-              ["epochs", "max_steps", "time_budget", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
+              ["epochs", "max_steps", "time_budget", "finish_within", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
                "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
     add_flags(p.add_argument_group("fine-tuning (see classify.pretrain)"), TrainConfig, ["init_from", "layer_decay"])
     g = p.add_argument_group("run")
@@ -615,17 +616,19 @@ class TransformerExamples:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()   # --finish-within counts from here
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.init_from:
         adopt_pretrained(args, parser, argv)  # model sizes, tokenizer and lr default from the pretraining run
     model_config, config = configs_from_args(args)
-    return run_trainer(KIND, config, args, partial(train, args, model_config, config))
+    return run_trainer(KIND, config, args, partial(train, args, model_config, config, started))
 
 
-def train(args: argparse.Namespace, model_config: ClassifierConfig, config: TrainConfig, run: RunFolder,
-          device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
-    """The training run of ``main``; under torchrun every rank runs it. Returns the exit code.
+def train(args: argparse.Namespace, model_config: ClassifierConfig, config: TrainConfig, started: float,
+          run: RunFolder, device: torch.device, dtype: torch.dtype | None, console: Console) -> int:
+    """The training run of ``main`` (which started at ``started``, ``time.monotonic()``); under torchrun every rank
+    runs it. Returns the exit code.
 
     Data, then three stages in order: (1) ``fit_ngram_stage``: the n-gram branch or teacher, the pseudo-labels;
     then the token embedding's start, ``start_from_word_vectors`` (the default; ``--no-word-vectors`` skips it);
@@ -647,6 +650,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     made, val_made = rule_made_examples(config, train_set, val_set)
     edits, joins = made.get("edit", Examples([], [])), made.get("join", Examples([], []))
     resuming = run.open(config, model_config, args.overwrite, args.resume)
+    if resuming and config.finish_within is not None:  # the training minutes its first start set
+        config.time_budget = distributed.on_main(lambda: recorded_budget(run))
 
     def make_tokenizer():
         if config.init_from:
@@ -659,7 +664,10 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
     encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids   # as written: no --spelling
-    train_ids, val_ids, counterfactual_ids = encode(train_set.texts), encode(val_set.texts), encode(counterfactual.texts)
+    t_encode = time.monotonic()
+    train_ids = encode(train_set.texts)
+    encode_s_per_text = (time.monotonic() - t_encode) / len(train_ids)
+    val_ids, counterfactual_ids = encode(val_set.texts), encode(counterfactual.texts)
     edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS))
     validation = Validation.build(val_ids, val_set.labels, ends if config.short_texts else None,
@@ -671,6 +679,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + f"; to validate on: {validation.describe()}"
                 + f", vocabulary {model_config.vocab_size}, {time.monotonic() - t0:.1f}s; peak memory {peak_memory()}")
     run.record(resuming, tokenizer, config, model_config, labels=list(LABEL_NAMES))
+    test = load_test(config, console) if distributed.is_main() and not args.no_test else None
 
     model = Classifier(model_config).to(device)
     if config.init_from:  # on resume, last/ then replaces these weights
@@ -715,6 +724,10 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in examples.windows.items())
                 + f"; peak memory {peak_memory()}")
+    if config.finish_within is not None and not resuming:
+        config.time_budget = distributed.on_main(lambda: plan_training_time(
+            config, model, train_ids, validation, test, encode_s_per_text, started, device, dtype, console))
+        run.record_settings(config)
     task = ClassificationTask(model, examples.ids, examples.targets, validation, config, device, dtype,
                               examples.partner, examples.pair_weight)
     result = fit(task, config, run, device, dtype, resuming=resuming, quiet=args.quiet)
@@ -724,8 +737,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         # Stage 3: the mix, chosen on validation; then one evaluation on the test split.
         mix = (choose_mix(run, model, validation, device, dtype, config.batch_size, console)
                if model.ngram is not None else None)
-        test_metrics = (None if args.no_test else
-                        evaluate_test(run, config, model, tokenizer, device, dtype, console, mix))
+        test_metrics = evaluate_test(run, test, config, model, tokenizer, device, dtype, mix)
         rows = [("best validation score" + (" (mixed; whole reviews and short texts)" if mix else ""),
                  f"{result.state['best']:.4f}")]
         if mix and "val_accuracy" in mix:
@@ -741,19 +753,56 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     return 0
 
 
-def evaluate_test(run: RunFolder, config: TrainConfig, model: Classifier, tokenizer, device, dtype,
-                  console: Console, mix: dict | None) -> dict | None:
-    """Test metrics of the best weights (``test_metrics.json``); with the n-gram branch, also each
-    branch's accuracy alone and the mix chosen on validation."""
-    if not (run.path / WEIGHTS).exists():
-        return None
+def load_test(config: TrainConfig, console: Console) -> Examples | None:
+    """The test split, loaded before training (``--finish-within`` counts its reviews); None, with the reason
+    on ``console``, where there is none."""
     if not provides_split(config.data, "test"):
         console.log(f"no test evaluation: {config.data} has no separate test split")
         return None
     try:
-        test = load_split(config.data, "test")
+        return load_split(config.data, "test")
     except ClassifyError as err:
         console.log(f"no test evaluation: {err}")
+        return None
+
+
+def recorded_budget(run: RunFolder) -> float:
+    """The training minutes that --finish-within set when the run in ``run`` first started (config.json)."""
+    budget = read_config(run.path, KIND)["train"].get("time_budget")
+    if budget is None:
+        raise ClassifyError(f"{run.path} was started without a time limit, so --finish-within has no training "
+                            f"minutes to keep on resume: give them with --time-budget instead")
+    return budget
+
+
+def plan_training_time(config: TrainConfig, model: Classifier, train_ids: list[TokenIds], validation: Validation,
+                       test: Examples | None, encode_s_per_text: float, started: float, device, dtype,
+                       console: Console) -> float:
+    """--finish-within: the transformer's training minutes (``command_budget``), from the time spent since
+    ``started``, the validation still to run after training, and the test evaluation: its reviews' tokens
+    estimated from the training reviews' mean length, its tokenizing from theirs (``encode_s_per_text``)."""
+    backend, size = TorchBackend(model, device, dtype), config.batch_size * 2   # as the evaluations batch
+    sample = sorted(train_ids[:512], key=len)
+    rate = forward_rate(backend.branches, [pad_batch(sample[i: i + size], model.config.pad_id,
+                                                     max_len=model.config.max_len).numpy()
+                                           for i in range(0, len(sample), size)])
+    tests = len(test) if test is not None else 0
+    after = AfterTraining(validation_tokens=sum(len(x) for x in validation.ids),
+                          test_tokens=tests * float(np.mean([len(x) for x in train_ids])),
+                          tokens_per_s=rate, tokenize_s=tests * encode_s_per_text)
+    elapsed_s = time.monotonic() - started
+    minutes = training_minutes(config.finish_within, elapsed_s, after)
+    console.log(f"--finish-within {config.finish_within:g}: {elapsed_s / 60:.1f} min spent so far, "
+                f"{after.describe()}, so the transformer trains for {minutes:.1f} min (its --time-budget, "
+                f"recorded in config.json)")
+    return minutes
+
+
+def evaluate_test(run: RunFolder, test: Examples | None, config: TrainConfig, model: Classifier, tokenizer, device,
+                  dtype, mix: dict | None) -> dict | None:
+    """Test metrics of the best weights on ``test`` (``test_metrics.json``); with the n-gram branch, also each
+    branch's accuracy alone and the mix chosen on validation."""
+    if test is None or not (run.path / WEIGHTS).exists():
         return None
     load_model_weights(model, run.path / WEIGHTS)
     ids = Preprocessing(tokenizer, model.config.max_len, config.truncation, config.spelling).ids(test.texts)

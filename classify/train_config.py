@@ -34,6 +34,12 @@ class TrainConfig(ReviewRunConfig):
     batch_size: int = setting(32, "reviews per batch on each process; one optimizer step trains on batch-size x "
                                   "processes (torchrun) x --grad-accum reviews, and the schedule counts optimizer "
                                   "steps", check=positive)
+    finish_within: float | None = setting(None, "minutes for the whole command, on this machine: when the "
+                                                "transformer is about to train, --time-budget becomes what is left, "
+                                                "less the time the evaluations after training will take (estimated "
+                                                "from a timed forward pass), so the command ends within it whatever "
+                                                "the CPU. Recorded in config.json as the run's --time-budget, which "
+                                                "a resumed run keeps (classify.command_budget)", check=positive)
     max_tokens: int | None = setting(None, "token budget per batch instead of a fixed batch size", check=positive)
     batching: str = setting("bucket", "bucket: length-bucketed batches padded to their longest review; fixed: "
                                       "random batches padded to --max-len (the naive pipeline, for comparisons "
@@ -218,6 +224,9 @@ class TrainConfig(ReviewRunConfig):
         if self.word_polarity and not ((model.ngram_orders or self.pseudo_labels) and model.num_classes == 2):
             raise ClassifyError("--word-polarity reads each word's weight in the n-gram fit of stage 1 as one number: "
                                 "it needs the n-gram branch (--ngram-orders > 0) or --pseudo-labels, and two classes")
+        if self.finish_within is not None and self.time_budget is not None:
+            raise ClassifyError("--finish-within sets the training minutes from the whole command's; --time-budget "
+                                "gives them: pass one of them")
         if self.word_vectors and self.init_from:
             raise ClassifyError("--word-vectors starts the token embedding afresh; --init-from brings a trained one: "
                                 "give one of them")

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import classify.engine.files as files
 import classify.engine.loop as loop
+from classify.command_budget import AfterTraining, training_minutes
 from classify.engine.background import Background
 from classify.engine.files import load_tensors, read_jsonl, save_tensors
 from classify.engine.runfolder import FORMAT_VERSION, RunFolder
@@ -81,6 +82,31 @@ def test_time_budget_stops_and_still_evaluates(parquet_data, tmp_path):
     assert main(["--data", str(parquet_data), "--output", str(out), "--time-budget", "0.0001",
                  *TINY_MODEL_ARGS]) == 0
     assert (out / "test_metrics.json").exists() and (out / "model.safetensors").exists()
+
+
+def test_finish_within_trains_for_what_the_command_leaves_and_a_resume_keeps_those_minutes(parquet_data, tmp_path):
+    out, steps = tmp_path / "deadline", ["--epochs", "9", *TINY_MODEL_ARGS]
+    assert main(["--data", str(parquet_data), "--output", str(out), "--finish-within", "5", "--max-steps", "6",
+                 *steps]) == 0
+    budget = json.loads((out / "config.json").read_text())["train"]["time_budget"]
+    assert 4.5 < budget < 5   # a few seconds of data, n-grams and (tiny) evaluations to come
+    assert main(["--data", str(parquet_data), "--output", str(out), "--finish-within", "1", "--max-steps", "9",
+                 *steps]) == 0
+    assert last_weights(out)[0]["step"] == 9
+    assert json.loads((out / "config.json").read_text())["train"]["time_budget"] == budget
+    with pytest.raises(ClassifyError, match="pass one of them"):
+        main(["--data", str(parquet_data), "--output", str(out), "--finish-within", "5", "--time-budget", "3", *steps])
+    run_steps(parquet_data, tmp_path / "unlimited")
+    with pytest.raises(ClassifyError, match="started without a time limit"):
+        run_steps(parquet_data, tmp_path / "unlimited", "--finish-within", "5")
+
+
+def test_finish_within_counts_the_evaluations_after_training_and_refuses_a_limit_they_fill():
+    after = AfterTraining(validation_tokens=1_000, test_tokens=8_000, tokens_per_s=100, tokenize_s=5)
+    assert after.seconds == (2 * 1_000 + 8_000) / 100 + 5   # the loop's last validation and the mix's, the test
+    assert training_minutes(10, elapsed_s=60, after=after) == (600 - 60 - 105) / 60
+    with pytest.raises(ClassifyError, match=r"--finish-within 3 leaves no time to train: 1.0 min went .* 1.8 min"):
+        training_minutes(3, elapsed_s=60, after=after)
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):

@@ -206,18 +206,27 @@ class RunFolder:
         """Write tokenizer.json and config.json of a fresh run; on resume keep the model section and the
         extras as they were and record the run settings ``config`` as the latest (budget, epochs, ... may
         change). Every rank calls it; rank 0 writes."""
-        if distributed.is_main():
-            self._record(resuming, tokenizer, asdict(config), model.to_dict(), extra)
-
-    def _record(self, resuming: bool, tokenizer: Tokenizer, train: dict[str, Any], model: dict[str, Any],
-                extra: dict[str, Any]) -> None:
+        if not distributed.is_main():
+            return
         if resuming:
-            old = read_config(self.path, self.kind)
-            model, extra = old["model"], {k: v for k, v in old.items()
-                                          if k not in ("format_version", "kind", "model", "train")}
+            self._rewrite_settings(asdict(config))
         else:
             with self._writing(TOKENIZER):
                 write_text(self.path / TOKENIZER, tokenizer.to_str())
+            self._write_config(asdict(config), model.to_dict(), extra)
+
+    def record_settings(self, config: Any) -> None:
+        """Rewrite config.json's run settings as ``config``, model section and extras kept (a setting fixed after
+        the run started: the training minutes of --finish-within). Every rank calls it; rank 0 writes."""
+        if distributed.is_main():
+            self._rewrite_settings(asdict(config))
+
+    def _rewrite_settings(self, train: dict[str, Any]) -> None:
+        old = read_config(self.path, self.kind)
+        self._write_config(train, old["model"], {k: v for k, v in old.items()
+                                                 if k not in ("format_version", "kind", "model", "train")})
+
+    def _write_config(self, train: dict[str, Any], model: dict[str, Any], extra: dict[str, Any]) -> None:
         with self._writing(CONFIG):
             write_json(self.path / CONFIG, {"format_version": FORMAT_VERSION, "kind": self.kind, "model": model,
                                             "train": train, **extra})
