@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from .backends import TorchBackend, batched_branches, batched_transformer
+from .command_budget import AfterTraining, forward_rate, training_minutes
 from .engine.config import HelpFormatter, add_flags, add_run_folder_args, from_args
 from .engine import distributed
 from .engine.background import Background
@@ -34,7 +35,6 @@ from .engine.device import peak_memory
 from .engine.files import load_model_weights
 from .engine.loop import Task, fit, run_trainer
 from .engine.runfolder import TOKENIZER, WEIGHTS, RunFolder, read_config
-from .command_budget import AfterTraining, forward_rate, training_minutes
 from .errors import ClassifyError, run_cli
 from .finetune import adopt_pretrained, layer_lr_scale, load_pretrained_encoder
 from .inference import KIND, softmax
@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
                                "word_vectors", "word_polarity"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
-              ["epochs", "max_steps", "time_budget", "finish_within", "lr", "warmup", "schedule", "weight_decay", "clip", "average_from",
-               "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
+              ["epochs", "max_steps", "time_budget", "finish_within", "lr", "warmup", "schedule", "weight_decay", "clip",
+               "average_from", "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
     add_flags(p.add_argument_group("fine-tuning (see classify.pretrain)"), TrainConfig, ["init_from", "layer_decay"])
     g = p.add_argument_group("run")
     add_flags(g, TrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])
