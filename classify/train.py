@@ -47,7 +47,7 @@ from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size,
                         provides_split, training_split, unlabelled_split)
 from .text.edits import Lexicon, contrast_joins, negation_pairs
 from .text.prepare import Preprocessing, TokenIds
-from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
+from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer, truncate
 from .text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, closing_sentences, elided_negation
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
@@ -69,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "spelling", "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
-                               "short_texts", "closing_passages", "elided_negation_repeat", "elided_negation_balance",
+                               "train_max_len", "spelling", "counterfactual", "counterfactual_repeat",
+                               "counterfactual_pair_weight", "short_texts", "closing_passages",
+                               "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
                                "contrast_join_repeat"],
@@ -583,7 +584,8 @@ class TransformerExamples:
         reviews (``given``: the teacher's (N, C) probabilities); then windows cut from the labelled and
         pseudo-labelled reviews, not from the pairs, whose two texts often end alike under opposite labels; then
         each paired part's second texts, once: the sampler serves a pair's first text (an original, a sentence)
-        and its second (the revision, the negation edit) comes with it into the batch."""
+        and its second (the revision, the negation edit) comes with it into the batch. Last, with
+        ``--train-max-len``, every text is cut to it."""
         ids = [x for part in parts for x in part.ids * part.times] + pseudo_ids
         targets = training_targets([y for part in parts for y in part.labels * part.times], given,
                                    config.soft_labels)
@@ -612,6 +614,8 @@ class TransformerExamples:
                     pair_weight[first: first + n * part.times] = part.pair_weight
                     ids, targets = appended(ids, targets, part.partners, part.partner_labels)
                 first += n * part.times
+        if config.train_max_len:   # after the windows: a closing sentence is cut from the whole review
+            ids = [truncate(x, config.train_max_len, config.truncation) for x in ids]
         return cls(ids, targets, partner, pair_weight, windows)
 
 

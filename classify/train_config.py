@@ -138,6 +138,12 @@ class TrainConfig(ReviewRunConfig):
                                             "short real review), with its review's target; a training text only, "
                                             "not validated on (text.windows)",
                                      absent=False)
+    train_max_len: int | None = setting(None, "the transformer trains on at most this many tokens of each text "
+                                              "(cut as --truncation cuts: head and tail); validation, the test, "
+                                              "the n-gram branch and every later use read --max-len. A review "
+                                              "cut to 256 costs 0.76 of its tokens on IMDB, so a time budget "
+                                              "sees more reviews. None: --max-len",
+                                        check=positive, absent=None)
     elided_negation_repeat: int = setting(0, "times per epoch the transformer also trains on the last sentence of "
                                              "each training review that ends on a negated auxiliary with its verb "
                                              "left out (\"We hoped it would get better. It didn't.\", \"..., but "
@@ -208,7 +214,7 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "word_vectors", "word_polarity", "split", "ngram_c", "ngram_min_count",
                                            "teacher_min_count", "pseudo_labels", "soft_labels", "pseudo_label_weight",
-                                           "self_label_share", "ngram_refit", "short_texts", "closing_passages",
+                                           "self_label_share", "ngram_refit", "short_texts", "closing_passages", "train_max_len",
                                            "elided_negation_repeat", "elided_negation_balance", "negation_edits",
                                            "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
                                            "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",

@@ -30,8 +30,8 @@ from classify.text.data import normalize, training_split
 from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
 from classify.text.tokenize import token_ids, train_tokenizer
 from classify.text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, elided_negation
-from classify.train import (ClassificationTask, Validation, main, pair_loss, rule_made_examples, training_targets,
-                            with_windows)
+from classify.train import (ClassificationTask, TrainingPart, TransformerExamples, Validation, main, pair_loss,
+                            rule_made_examples, training_targets, with_windows)
 from classify.train_config import TrainConfig
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
@@ -598,6 +598,20 @@ def test_rule_made_texts_train_the_model_and_are_validation_groups(parquet_data,
     assert json.loads((plain / "last" / "state.json").read_text())["step"] == 30
     assert not {"val_edit_accuracy", "val_join_accuracy"} & set(json.loads((plain / "metrics.jsonl").read_text()
                                                                           .splitlines()[-1]))
+
+
+def test_train_max_len_cuts_every_training_text_after_the_closing_sentences_are_cut_from_whole_reviews():
+    ends, no_elision = {1}, Elision(frozenset(), frozenset(), None, None, None, frozenset())
+    review = [20, 21, 22, 23, 1, 30, 31, 32, 33, 34, 35, 36, 1]          # its closing sentence: 30 ... 1 (8 tokens)
+    parts = [TrainingPart([review, [5, 6, 1]], [1, 0]), TrainingPart([list(range(40, 50))], [0], times=2)]
+    pseudo = [list(range(60, 72))]
+    whole, cut = (TransformerExamples.build(parts, pseudo, np.array([[0.2, 0.8]]), TrainConfig(data="x", **limit),
+                                            ends, no_elision) for limit in ({}, {"train_max_len": 4}))
+    assert whole.windows == cut.windows == {"closing sentences": 3} and whole.ids[5] == review[5:]
+    assert cut.ids[0] == [20, 35, 36, 1] and cut.ids[5] == [30, 35, 36, 1]   # head+tail: a quarter from the start
+    assert cut.ids[2] == cut.ids[3] == [40, 47, 48, 49] and cut.ids[1] == whole.ids[1] == [5, 6, 1]
+    assert [len(x) for x in cut.ids] == [min(len(x), 4) for x in whole.ids]
+    assert np.array_equal(whole.targets, cut.targets)
 
 
 def test_closing_sentences_are_the_last_sentence_long_enough_and_capped():
