@@ -65,6 +65,7 @@ def training_minutes(finish_within: float, elapsed_s: float, after: AfterTrainin
     left_s = finish_within * 60 - elapsed_s - MARGIN * after.seconds
     if left_s < 60:
         raise ClassifyError(f"--finish-within {finish_within:g} leaves no time to train: {elapsed_s / 60:.1f} min "
-                            f"went to the data and the n-gram stage, and {after.describe()}; allow more minutes, or "
+                            f"went to the data and the n-gram stage, and {after.describe()}, {MARGIN:g}x that set "
+                            f"aside ({MARGIN * after.seconds / 60:.1f} min); allow more minutes, or "
                             f"give the training minutes with --time-budget instead")
     return left_s / 60

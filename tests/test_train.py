@@ -105,7 +105,8 @@ def test_finish_within_counts_the_evaluations_after_training_and_refuses_a_limit
     after = AfterTraining(validation_tokens=1_000, test_tokens=8_000, tokens_per_s=100, tokenize_s=5)
     assert after.seconds == (2 * 1_000 + 8_000) / 100 + 5   # the loop's last validation and the mix's, the test
     assert training_minutes(10, elapsed_s=60, after=after) == pytest.approx((600 - 60 - MARGIN * 105) / 60)
-    with pytest.raises(ClassifyError, match=r"--finish-within 3 leaves no time to train: 1.0 min went .* 1.8 min"):
+    with pytest.raises(ClassifyError, match=rf"--finish-within 3 leaves no time to train: 1.0 min went .* 1.8 min "
+                                             rf".*, {MARGIN:g}x that set aside \({MARGIN * 105 / 60:.1f} min\)"):
         training_minutes(3, elapsed_s=60, after=after)
 
 
