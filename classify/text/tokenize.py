@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from ..errors import ClassifyError
@@ -91,8 +92,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tok
 
 
-def truncate(ids: list[int], max_len: int, strategy: str = "head+tail") -> list[int]:
-    """Cut ``ids`` to ``max_len``: keep the start, the end, or both (a quarter head, the
+def truncate(ids: list[int] | np.ndarray, max_len: int, strategy: str = "head+tail") -> list[int] | np.ndarray:
+    """Cut ``ids`` (a list or an array (T,)) to ``max_len``: keep the start, the end, or both (a quarter head, the
     rest tail: reviews often state the verdict at the end; Sun et al. 2019 found head+tail best)."""
     if len(ids) <= max_len:
         return ids
@@ -103,7 +104,8 @@ def truncate(ids: list[int], max_len: int, strategy: str = "head+tail") -> list[
     if strategy != "head+tail":
         raise ClassifyError(f"truncation must be one of {', '.join(TRUNCATIONS)}, got {strategy!r}")
     head = max_len // 4
-    return ids[:head] + ids[len(ids) - (max_len - head):]
+    kept = ids[:head], ids[len(ids) - (max_len - head):]
+    return np.concatenate(kept) if isinstance(ids, np.ndarray) else kept[0] + kept[1]
 
 
 # Texts per ``encode_batch`` call: enough to keep Rust's threads busy. All 50,000 unlabelled IMDB reviews in one
