@@ -20,7 +20,8 @@ from .errors import ClassifyError
 
 # The estimate is multiplied by this before it is set aside: in the first four runs of the README command with it
 # (forty-fourth session, one CPU) the evaluations took 0.96, 1.00, 1.04 and 1.09 times the estimate (the test
-# evaluation took 202, 218, 224 and 235 s, though the timed forward pass did not slow).
+# evaluation took 202, 218, 224 and 235 s, though the timed forward pass did not slow); in the next four, on the
+# same CPU class, 0.90-1.13 times.
 MARGIN = 1.2
 # Training stops at its budget, then validates once more (``engine.loop.fit``), and the mix is chosen on
 # another pass over validation: two passes after the budget is spent.

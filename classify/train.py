@@ -83,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
                                "word_vectors", "word_polarity"])
     add_flags(p.add_argument_group("optimisation"), TrainConfig,
-              ["epochs", "max_steps", "time_budget", "finish_within", "lr", "warmup", "schedule", "weight_decay", "clip",
-               "average_from", "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing", "eval_every", "patience"])
+              ["epochs", "max_steps", "time_budget", "finish_within", "lr", "warmup", "schedule", "weight_decay",
+               "clip", "average_from", "batch_size", "batching", "max_tokens", "grad_accum", "label_smoothing",
+               "eval_every", "patience"])
     add_flags(p.add_argument_group("fine-tuning (see classify.pretrain)"), TrainConfig, ["init_from", "layer_decay"])
     g = p.add_argument_group("run")
     add_flags(g, TrainConfig, ["seed", "device", "precision", "threads", "save_every", "num_workers"])

@@ -216,11 +216,12 @@ class TrainConfig(ReviewRunConfig):
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "word_vectors", "word_polarity", "split", "ngram_c", "ngram_min_count",
                                            "teacher_min_count", "pseudo_labels", "soft_labels", "pseudo_label_weight",
-                                           "self_label_share", "ngram_refit", "short_texts", "closing_passages", "train_max_len",
-                                           "elided_negation_repeat", "elided_negation_balance", "negation_edits",
-                                           "negators", "negation_edit_weight", "teacher_edit_weight", "contrast_joins",
-                                           "counterfactual", "counterfactual_repeat", "counterfactual_pair_weight",
-                                           "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat")
+                                           "self_label_share", "ngram_refit", "short_texts", "closing_passages",
+                                           "train_max_len", "elided_negation_repeat", "elided_negation_balance",
+                                           "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
+                                           "contrast_joins", "counterfactual", "counterfactual_repeat",
+                                           "counterfactual_pair_weight", "negation_edit_repeat",
+                                           "negation_edit_pair_weight", "contrast_join_repeat")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
