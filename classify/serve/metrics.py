@@ -134,15 +134,23 @@ class RequestMetrics:
         if self.known is None:
             self.known = frozenset(self.routes())
         endpoint = scope["path"] if scope["path"] in self.known else "other"
-        status, start = 500, time.perf_counter()
+        status, start, recorded = 500, time.perf_counter(), False
+
+        def record() -> None:
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                self.metrics.record(endpoint, scope["method"], status, time.perf_counter() - start)
 
         async def send_and_note(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                record()   # before the answer's last bytes leave: a client holding its answer finds it counted
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            self.metrics.record(endpoint, scope["method"], status, time.perf_counter() - start)
+            record()   # an answer that never finished (an unhandled exception: the server's 500)
