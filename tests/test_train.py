@@ -606,8 +606,9 @@ def test_train_max_len_cuts_every_training_text_after_the_closing_sentences_are_
     review = [20, 21, 22, 23, 1, 30, 31, 32, 33, 34, 35, 36, 1]          # its closing sentence: 30 ... 1 (8 tokens)
     parts = [TrainingPart([review, [5, 6, 1]], [1, 0]), TrainingPart([list(range(40, 50))], [0], times=2)]
     pseudo = [np.arange(60, 72, dtype=np.int32)]                        # as Preprocessing.ids gives them
-    whole, cut = (TransformerExamples.build(parts, pseudo, np.array([[0.2, 0.8]]), TrainConfig(data="x", **limit),
-                                            ends, no_elision) for limit in ({}, {"train_max_len": 4}))
+    whole, cut = (TransformerExamples.build(parts, pseudo, np.array([[0.2, 0.8]]),
+                                            TrainConfig(data="x", train_max_len=limit), ends, no_elision)
+                  for limit in (None, 4))
     assert whole.windows == cut.windows == {"closing sentences": 3} and whole.ids[5] == review[5:]
     assert cut.ids[0] == [20, 35, 36, 1] and cut.ids[5] == [30, 35, 36, 1]   # head+tail: a quarter from the start
     assert cut.ids[2] == cut.ids[3] == [40, 47, 48, 49] and cut.ids[1] == whole.ids[1] == [5, 6, 1]
