@@ -100,6 +100,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
     config = from_args(TrainConfig, args)
     model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES),
                       ngram_negators=[], ngram_breaks=[])
+    if config.train_max_len is not None and config.train_max_len >= model.max_len:
+        config.train_max_len = None   # cuts nothing: recorded as no cut, as runs from before the flag read
     config.validate(model)
     return model, config
 

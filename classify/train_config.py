@@ -138,14 +138,14 @@ class TrainConfig(ReviewRunConfig):
                                             "short real review), with its review's target; a training text only, "
                                             "not validated on (text.windows)",
                                      absent=False)
-    train_max_len: int | None = setting(256, "the transformer trains on at most this many tokens of each text "
-                                             "(cut as --truncation cuts: head and tail); validation, the test, "
-                                             "the n-gram branch and every later use read --max-len, and a value "
-                                             "at or above it cuts nothing. A review cut to 256 costs 0.76 of its "
-                                             "tokens on IMDB, so a time budget sees more reviews: over five seeds "
-                                             "paired with runs without the cut on a CPU without bf16, the "
-                                             "transformer alone +0.22 point on IMDB test, the model +0.08 "
-                                             "(experiments/RESULTS.md, forty-sixth session)",
+    train_max_len: int | None = setting(256, "the transformer trains on at most this many tokens of each text (cut "
+                                             "as --truncation cuts: head and tail); validation, the test, the n-gram "
+                                             "branch and every later use read --max-len; a value at or above it "
+                                             "cuts nothing (recorded as no cut, as runs from before the flag were). "
+                                             "A review cut to 256 costs 0.76 of its tokens on IMDB, so a time budget "
+                                             "sees more reviews: over five seeds paired with runs without the cut "
+                                             "on a CPU without bf16, the transformer alone +0.22 point on IMDB test, "
+                                             "the model +0.08 (experiments/RESULTS.md, forty-sixth session)",
                                         check=positive, absent=None)
     elided_negation_repeat: int = setting(0, "times per epoch the transformer also trains on the last sentence of "
                                              "each training review that ends on a negated auxiliary with its verb "

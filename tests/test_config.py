@@ -62,6 +62,13 @@ def test_stored_config_round_trips_the_parsed_flags():
     assert model.d_model == args.d_model == 128 and model.num_classes == 2
 
 
+def test_a_training_cut_at_or_above_max_len_cuts_nothing_and_is_recorded_as_no_cut():
+    parse = train.build_parser().parse_args
+    cuts = [train.configs_from_args(parse(["--output", "x", *flags]))[1].train_max_len
+            for flags in ((), ("--train-max-len", "512"), ("--train-max-len", "600"), ("--max-len", "128"))]
+    assert cuts == [256, None, None, None]   # None: as runs from before the flag recorded (test_loop resumes one)
+
+
 def test_old_spellings_still_work():
     parse = train.build_parser().parse_args
     old = parse(["--output", "x", "--heads", "2", "--layers", "3", "--post-ln", "--no-padding-mask"])
