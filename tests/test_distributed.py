@@ -162,6 +162,23 @@ def test_resume_on_one_process_with_another_layout_finishes(parquet_data, crashe
 
 
 @pytest.mark.slow
+def test_finish_within_gives_every_rank_rank_0s_training_minutes_and_a_resume_keeps_them(parquet_data, tmp_path):
+    """--finish-within is planned on rank 0 alone (it alone holds the test split). Every rank must get the
+    minutes: the schedule goes by rank 0's clock, which a rank without a budget would never ask for, so a
+    rank left without them hangs the job (the timeout here fails the test) instead of finishing."""
+    out = tmp_path / "run"
+    result = torchrun("-m", "classify.train", *train_args(parquet_data, out, "--finish-within", "5",
+                                                          "--max-steps", "12"), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    budget = json.loads((out / "config.json").read_text())["train"]["time_budget"]
+    assert 4 < budget < 5   # seconds of data, n-grams and (tiny) evaluations to come
+    result = torchrun("-m", "classify.train", *train_args(parquet_data, out, "--finish-within", "1"), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert last_weights(out)[0]["step"] == 24
+    assert json.loads((out / "config.json").read_text())["train"]["time_budget"] == budget
+
+
+@pytest.mark.slow
 def test_error_on_rank_0_stops_every_rank(parquet_data, tmp_path):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
