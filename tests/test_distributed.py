@@ -41,7 +41,17 @@ def torchrun(*args: str, crash: str | None = None, timeout: float = 180) -> subp
     if crash:
         env["CLASSIFY_TEST_CRASH"] = crash
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as job:
+        try:
+            stdout, stderr = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # A job that hangs is ended whole: torchrun, sent SIGTERM, stops its ranks (each in a session of its
+            # own) before it exits. Killed outright, it would leave them waiting on each other (gloo gives up
+            # after 30 minutes), holding the cores the next tests need.
+            job.terminate()
+            job.communicate(timeout=90)
+            raise
+    return subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr)
 
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
