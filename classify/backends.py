@@ -20,7 +20,7 @@ import torch
 from .engine.device import autocast, to_device
 from .errors import ClassifyError
 from .models import BranchLogits, Classifier
-from .text.batching import BucketBatchSampler, pad_batch
+from .text.batching import PAD_MULTIPLE, BucketBatchSampler, pad_batch, pad_multiple
 from .text.prepare import TokenIds
 
 class Backend(Protocol):
@@ -29,6 +29,7 @@ class Backend(Protocol):
     name: str                 # "torch" | "onnx"
     pad_id: int               # the id padding is made of
     max_len: int              # the longest input, in tokens
+    pad_multiple: int         # batches are padded to a multiple of this many positions (text.batching.pad_multiple)
     num_classes: int
     parameters: int           # the model's size, for /v1/model
     runtime: dict             # how it computes, for /v1/model: backend, device, precision, threads (PyTorch on a
@@ -48,6 +49,7 @@ class TorchBackend:
         self.model, self.device, self.dtype = model.eval(), device, dtype
         config = model.config
         self.pad_id, self.num_classes, self.max_len = config.pad_id, config.num_classes, config.max_len
+        self.pad_multiple = pad_multiple(device, dtype)
         self.parameters = sum(p.numel() for p in model.parameters())
 
     @property
@@ -97,6 +99,7 @@ class OnnxBackend:
         except Exception as err:  # onnxruntime raises its own exception types for unreadable models
             raise ClassifyError(f"ONNX Runtime cannot load {path}: {str(err).splitlines()[0]}") from None
         self.pad_id, self.max_len, self.num_classes, self.parameters = pad_id, max_len, num_classes, parameters
+        self.pad_multiple = PAD_MULTIPLE   # ONNX Runtime's CPU kernels keep no cache per shape
         # "int8": an export whose matrix products' weights are int8 (``classify.export --int8``).
         self.runtime = {"backend": self.name, "device": "cpu", "precision": precision, "threads": threads or "default"}
 
@@ -105,21 +108,21 @@ class OnnxBackend:
 
 
 def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[TokenIds], pad_id: int,
-            batch_size: int = 64, max_tokens: int | None = None,
-            progress: Callable[[int], None] | None = None, max_len: int | None = None) -> list[np.ndarray | None]:
+            batch_size: int = 64, max_tokens: int | None = None, progress: Callable[[int], None] | None = None,
+            max_len: int | None = None, multiple: int = PAD_MULTIPLE) -> list[np.ndarray | None]:
     """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) arrays or None) over token id lists in
     length-bucketed batches: its outputs for all N texts in input order, (N, ...) each (None stays None).
 
     ``max_tokens``: cut batches by padded tokens instead of by ``batch_size`` (the server: reviews of very
     different lengths batch well). ``progress``: called with the number of texts done. ``max_len``: the model's;
-    batches are then padded to a multiple of ``text.batching.PAD_MULTIPLE`` positions (``pad_batch``)."""
+    batches are then padded to a multiple of ``multiple`` positions (``pad_batch``)."""
     # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
     ids = [x if len(x) else [pad_id] for x in ids]
     sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     outputs: list[np.ndarray | None] = []
     done = 0
     for indices in sampler:
-        out = forward(pad_batch([ids[i] for i in indices], pad_id, max_len=max_len).numpy())
+        out = forward(pad_batch([ids[i] for i in indices], pad_id, max_len=max_len, multiple=multiple).numpy())
         if not outputs:
             outputs = [None if a is None else np.zeros((len(ids), *a.shape[1:]), a.dtype) for a in out]
         for k, array in enumerate(out):
@@ -137,13 +140,14 @@ def batched_logits(backend: Backend, ids: list[TokenIds], batch_size: int = 64, 
     if not ids:
         return np.zeros((0, backend.num_classes), dtype=np.float32)
     return batched(lambda t: (backend.logits(t),), ids, backend.pad_id, batch_size, max_tokens, progress,
-                   backend.max_len)[0]
+                   backend.max_len, backend.pad_multiple)[0]
 
 
 def batched_transformer(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64) -> np.ndarray:
     """Token id lists -> the transformer branch's logits alone (N, C), in input order (the n-gram branch is not
     computed; validation during training)."""
-    return batched(lambda t: (backend.transformer(t),), ids, backend.pad_id, batch_size, max_len=backend.max_len)[0]
+    return batched(lambda t: (backend.transformer(t),), ids, backend.pad_id, batch_size, max_len=backend.max_len,
+                   multiple=backend.pad_multiple)[0]
 
 
 def batched_branches(backend: TorchBackend, ids: list[TokenIds], batch_size: int = 64,
@@ -151,4 +155,4 @@ def batched_branches(backend: TorchBackend, ids: list[TokenIds], batch_size: int
     """Token id lists -> each branch's logits before the mix, in input order: (N, C), (N, C) or None without an
     n-gram branch, lengths (N,)."""
     return BranchLogits(*batched(backend.branches, ids, backend.pad_id, batch_size, progress=progress,
-                                 max_len=backend.max_len))
+                                 max_len=backend.max_len, multiple=backend.pad_multiple))

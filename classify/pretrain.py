@@ -35,7 +35,7 @@ from .engine.runfolder import RunFolder
 from .errors import ClassifyError, run_cli
 from .mlm import MaskedLM, Masker, mlm_loss
 from .models import ClassifierConfig
-from .text.batching import BucketBatchSampler, Collate, pad_batch
+from .text.batching import BucketBatchSampler, Collate, pad_batch, pad_multiple
 from .text.data import default_source, normalize, training_split, unlabelled_split
 from .text.tokenize import encode, train_tokenizer
 
@@ -160,7 +160,8 @@ class MaskedLMTask(Task):
         self.model, self.masker = model, masker
         self.lengths = [len(x) for x in train_ids]
         self.max_tokens = config.max_tokens
-        self.collate = Collate(train_ids, pad_id=model.config.pad_id, max_len=model.config.max_len)
+        self.collate = Collate(train_ids, pad_id=model.config.pad_id, max_len=model.config.max_len,
+                               multiple=pad_multiple(device, dtype))
         val_sampler = BucketBatchSampler([len(x) for x in val_ids], max_tokens=config.max_tokens, shuffle=False)
         self.val_batches = [pad_batch([val_ids[i] for i in b], model.config.pad_id) for b in val_sampler]
         self.seed, self.device, self.dtype = config.seed, device, dtype

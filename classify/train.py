@@ -41,7 +41,7 @@ from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
-from .text.batching import Collate, pad_batch
+from .text.batching import Collate, pad_batch, pad_multiple
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
@@ -191,7 +191,7 @@ class ClassificationTask(Task):
         self.batch_size, self.max_tokens = config.batch_size, config.max_tokens
         self.pool_batches = 1 if fixed else 50  # a pool of one batch sorts nothing that matters
         self.collate = Collate(train_ids, train_labels, model.config.pad_id, model.config.max_len if fixed else None,
-                               model.config.max_len, partner, pair_weight)
+                               model.config.max_len, partner, pair_weight, pad_multiple(device, dtype))
         self.lr_scale = layer_lr_scale(model.config.num_layers, config.layer_decay) if config.layer_decay else None
         self.label_smoothing = config.label_smoothing
         self.pseudo_label_weight, self.self_label_share = config.pseudo_label_weight, config.self_label_share
@@ -791,7 +791,8 @@ def plan_training_time(config: TrainConfig, model: Classifier, train_ids: list[T
     backend, size = TorchBackend(model, device, dtype), config.batch_size * 2   # as the evaluations batch
     sample = sorted(train_ids[:512], key=len)
     rate = forward_rate(backend.branches, [pad_batch(sample[i: i + size], model.config.pad_id,
-                                                     max_len=model.config.max_len).numpy()
+                                                     max_len=model.config.max_len,
+                                                     multiple=backend.pad_multiple).numpy()
                                            for i in range(0, len(sample), size)])
     tests = len(test) if test is not None else 0
     after = AfterTraining(validation_tokens=sum(len(x) for x in validation.ids),

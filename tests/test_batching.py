@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
+import torch
 
-from classify.text.batching import PAD_MULTIPLE, BucketBatchSampler, pad_batch
+from classify.text.batching import PAD_MULTIPLE, BucketBatchSampler, Collate, pad_batch, pad_multiple
 
 LENGTHS = np.random.default_rng(0).integers(10, 500, size=1000).tolist()
 
@@ -54,15 +55,25 @@ def test_pad_batch():
     assert out.tolist() == [[5, 6, 7], [8, 0, 0]]
 
 
+def test_pad_multiple_is_32_only_where_onednn_caches_a_kernel_per_shape():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert pad_multiple(cpu, torch.bfloat16) == pad_multiple(cpu, torch.float16) == 32
+    assert pad_multiple(cpu, None) == pad_multiple(cuda, torch.bfloat16) == pad_multiple(cuda, None) == 8
+    batch = Collate([[1] * 3, [2] * 9], [0, 1], max_len=512, multiple=32)([0, 1])
+    assert batch["tokens"].shape == (2, 32)
+
+
 def test_pad_batch_to_fixed_length():
     assert pad_batch([[5, 6], [7]], pad_id=0, length=4).tolist() == [[5, 6, 0, 0], [7, 0, 0, 0]]
 
 
 def test_pad_batch_rounds_up_to_a_multiple_within_max_len():
-    assert PAD_MULTIPLE == 32
-    assert pad_batch([[5] * 3, [7]], pad_id=0, max_len=512).shape == (2, 32)
-    assert pad_batch([[5] * 33], pad_id=0, max_len=512).shape == (1, 64)
-    assert pad_batch([[5] * 64], pad_id=0, max_len=512).shape == (1, 64)     # already a multiple
+    assert PAD_MULTIPLE == 8
+    assert pad_batch([[5] * 3, [7]], pad_id=0, max_len=512).shape == (2, 8)
+    assert pad_batch([[5] * 33], pad_id=0, max_len=512).shape == (1, 40)
+    assert pad_batch([[5] * 3, [7]], pad_id=0, max_len=512, multiple=32).shape == (2, 32)
+    assert pad_batch([[5] * 33], pad_id=0, max_len=512, multiple=32).shape == (1, 64)
+    assert pad_batch([[5] * 64], pad_id=0, max_len=512, multiple=32).shape == (1, 64)     # already a multiple
     assert pad_batch([[5] * 99], pad_id=0, max_len=100).shape == (1, 100)    # never past the model's max_len
     assert pad_batch([[5] * 3], pad_id=0, max_len=512, length=5).shape == (1, 5)   # a fixed length wins
     assert pad_batch([[5] * 3, [7]], pad_id=9, max_len=512)[1, 1:].eq(9).all()

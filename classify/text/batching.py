@@ -93,21 +93,30 @@ class BucketBatchSampler(torch.utils.data.Sampler[list[int]]):
         return len(self.batches()) // self.world_size
 
 
-# With ``max_len`` given, batches are padded to a multiple of this many positions (never past ``max_len``). oneDNN
-# builds and caches kernels per input shape (ideep's and oneDNN's primitive caches, up to 1,024 each): padded to
-# their longest text, batches come in ~500 lengths and the caches fill; in 16 lengths they stay small and hit. The
-# README command peaked at 4.40 GB before and 2.47 GB after, and trained faster (experiments/RESULTS.md, "Peak
-# memory").
-PAD_MULTIPLE = 32
+PAD_MULTIPLE = 8   # pad_multiple's answer for fp32 and on GPUs
+
+
+def pad_multiple(device: torch.device, dtype: torch.dtype | None) -> int:
+    """The multiple of positions that batches for a model run on ``device`` under autocast to ``dtype`` (None:
+    fp32) are padded to (``pad_batch``'s ``multiple``).
+
+    32 under bf16 or fp16 on a CPU: oneDNN builds and caches a kernel per input shape there (ideep's and oneDNN's
+    primitive caches, up to 1,024 each). Padded to their longest text, batches came in ~500 lengths and the caches
+    filled; in 16 lengths they stay small and hit: the README command peaked at 4.40 GB before and 2.47 GB after,
+    and trained faster (experiments/RESULTS.md, "Peak memory"). 8 elsewhere: fp32 matrix products keep no cache per
+    shape, and on a CPU the recipe's training batches run 1.07x the real tokens per second padded to 8 as to 32
+    (6% of positions padding instead of 16%; padded to 1, odd lengths vectorise worse: 1.015x; forty-eighth
+    session). GPUs' matrix units work in multiples of 8 as well."""
+    return 32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else PAD_MULTIPLE
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None,
-              max_len: int | None = None) -> torch.Tensor:
+              max_len: int | None = None, multiple: int = PAD_MULTIPLE) -> torch.Tensor:
     """Right-pad id lists to one length -> LongTensor (B, T): a fixed ``length``; else the longest list's, rounded
-    up to a multiple of ``PAD_MULTIPLE`` but not past ``max_len`` when that is given."""
+    up to a multiple of ``multiple`` (``pad_multiple``) but not past ``max_len`` when that is given."""
     longest = max(1, max(len(s) for s in sequences))
     if length is None and max_len is not None:
-        length = max(longest, min(max_len, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE))
+        length = max(longest, min(max_len, -(-longest // multiple) * multiple))
     longest = length or longest
     out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     for i, seq in enumerate(sequences):
@@ -118,8 +127,8 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int |
 class Collate:
     """Indices of examples -> a batch: ``{"tokens": (B, T) padded}``, plus ``"labels"`` when the examples
     have them: (B,) class ids, or (B, C) target distributions when ``labels`` is an (N, C) float array. Padded as
-    ``pad_batch`` pads (``pad_to``: a fixed length; ``max_len``: the model's, for rounding up). A class, not a
-    closure, so DataLoader workers can pickle it.
+    ``pad_batch`` pads (``pad_to``: a fixed length; ``max_len``: the model's, for rounding up to ``multiple``).
+    A class, not a closure, so DataLoader workers can pickle it.
 
     ``partner``: for paired examples, example i's partner (the index of another example, which the sampler does not
     serve itself: it comes with i), or -1. The partners of a batch's examples follow its own rows, and
@@ -128,9 +137,10 @@ class Collate:
 
     def __init__(self, ids: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray | None = None,
                  pad_id: int = 0, pad_to: int | None = None, max_len: int | None = None,
-                 partner: np.ndarray | None = None, partner_weight: np.ndarray | None = None):
+                 partner: np.ndarray | None = None, partner_weight: np.ndarray | None = None,
+                 multiple: int = PAD_MULTIPLE):
         self.ids, self.labels, self.pad_id, self.pad_to, self.max_len = ids, labels, pad_id, pad_to, max_len
-        self.partner, self.partner_weight = partner, partner_weight
+        self.partner, self.partner_weight, self.multiple = partner, partner_weight, multiple
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         paired = {}
@@ -143,7 +153,8 @@ class Collate:
                                                     float(self.partner_weight[i]) for i in served],
                                                    dtype=torch.float32)}
             indices = list(indices) + [int(self.partner[i]) for i in served]
-        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len), **paired}
+        batch = {"tokens": pad_batch([self.ids[i] for i in indices], self.pad_id, self.pad_to, self.max_len,
+                                       self.multiple), **paired}
         if isinstance(self.labels, np.ndarray) and self.labels.ndim == 2:
             batch["labels"] = torch.from_numpy(self.labels[indices])
         elif self.labels is not None:
