@@ -519,6 +519,18 @@ class TrainingPart:
         return f" (in pairs, margin weight {self.pair_weight})" if self.partners else ""
 
 
+def training_parts(config: TrainConfig, reviews: tuple[list[TokenIds], list[int]],
+                   counterfactual: tuple[list[TokenIds], list[int]], edits: tuple[list[TokenIds], list[int]],
+                   joins: tuple[list[TokenIds], list[int]]) -> list[TrainingPart]:
+    """Stage 2's labelled parts, each (token ids, labels): the labelled reviews once, then the counterfactual texts
+    (originals, then revisions), the negation edits (sentence, edit, sentence, ...) and the contrast joins, each
+    seen as often as ``config`` says."""
+    return [TrainingPart(*reviews),
+            TrainingPart.of(*counterfactual, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
+            TrainingPart.of(*edits, config.negation_edit_repeat, config.negation_edit_pair_weight, "alternate"),
+            TrainingPart(*joins, config.contrast_join_repeat)]
+
+
 # ---------------------------------------------------------------------- the command
 TEACHER_FLOOR = 1e-6   # the least probability a teacher's soft target gives a class (training_targets)
 
@@ -713,12 +725,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if config.word_polarity and not resuming:   # after the word vectors: the direction is carved out of them
         distributed.on_main(lambda: start_from_word_polarity(model, polarity, config.seed, console))
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
-    parts = [TrainingPart(train_ids, train_set.labels),
-             TrainingPart.of(counterfactual_ids, counterfactual.labels, config.counterfactual_repeat,
-                             config.counterfactual_pair_weight, "halves"),          # originals, then revisions
-             TrainingPart.of(edit_ids, edits.labels, config.negation_edit_repeat,
-                             config.negation_edit_pair_weight, "alternate"),       # sentence, edit, sentence, ...
-             TrainingPart(join_ids, joins.labels, config.contrast_join_repeat)]
+    parts = training_parts(config, (train_ids, train_set.labels), (counterfactual_ids, counterfactual.labels),
+                           (edit_ids, edits.labels), (join_ids, joins.labels))
     examples = TransformerExamples.build(parts, unlabelled_ids[: len(given)], given, config,
                                          ends, Elision.of(tokenizer))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"

@@ -401,6 +401,26 @@ def test_attention_precision_times_both_arms_and_its_fp32_arm_is_fp32_attention_
     assert core.FP32_TRAINING_KEYS == shipped  # the arms leave the core's bound as it was
 
 
+def test_padding_counts_the_padded_share_and_times_each_multiple(unlabelled_data, counterfactual_data, trained_run,
+                                                                 tmp_path):
+    import numpy as np
+
+    from experiments import padding
+
+    lengths, batches = np.array([3, 5, 8, 9]), [[0, 1], [2, 3]]   # 25 real tokens
+    assert padding.padded_share(lengths, batches, 512, 32) == pytest.approx(1 - 25 / (2 * 32 + 2 * 32))
+    assert padding.padded_share(lengths, batches, 512, 8) == pytest.approx(1 - 25 / (2 * 8 + 2 * 16))
+    assert padding.padded_share(lengths, batches, 512, 1) == pytest.approx(1 - 25 / (2 * 5 + 2 * 9))
+    assert padding.padded_share(lengths, batches, 12, 8) == pytest.approx(1 - 25 / (2 * 8 + 2 * 12))  # max_len caps
+    assert padding.main(["--data", str(unlabelled_data), "--counterfactual", str(counterfactual_data),
+                         "--tokenizer-from", str(trained_run), "--multiples", "32", "8", "--batches", "2",
+                         "--repeats", "1", "--threads", "1", "--results", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "padding.json").read_text())
+    assert [r["multiple"] for r in record["rows"]] == [32, 8] and record["timed_batches"] == 2
+    assert record["rows"][0]["padding"] > record["rows"][1]["padding"] > 0
+    assert record["rows"][0]["against_32"] == 1 and all(r["tokens_per_s"] > 0 for r in record["rows"])
+
+
 def test_step_speed_times_the_old_step_against_the_new(tmp_path):
     from classify.models import Classifier
     from experiments import step_speed

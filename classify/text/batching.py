@@ -104,9 +104,9 @@ def pad_multiple(device: torch.device, dtype: torch.dtype | None) -> int:
     primitive caches, up to 1,024 each). Padded to their longest text, batches came in ~500 lengths and the caches
     filled; in 16 lengths they stay small and hit: the README command peaked at 4.40 GB before and 2.47 GB after,
     and trained faster (experiments/RESULTS.md, "Peak memory"). 8 elsewhere: fp32 matrix products keep no cache per
-    shape, and on a CPU the recipe's training batches run 1.07x the real tokens per second padded to 8 as to 32
-    (6% of positions padding instead of 16%; padded to 1, odd lengths vectorise worse: 1.015x; forty-eighth
-    session). GPUs' matrix units work in multiples of 8 as well."""
+    shape, and on a CPU the recipe's training batches run 1.07-1.08x the real tokens per second padded to 8 as to
+    32 (6% of positions padding instead of 16%; padded to 1, 1.02x and 1.12x in two timings, for four times the
+    shapes: ``experiments.padding``, forty-eighth session). GPUs' matrix units work in multiples of 8 as well."""
     return 32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else PAD_MULTIPLE
 
 
