@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from classify.engine.optim import build_optimizer, optimizer_step
 from classify.engine.runfolder import TOKENIZER
-from classify.text.batching import BucketBatchSampler, pad_batch
+from classify.text.batching import BucketBatchSampler, pad_batch, padded_length
 from classify.text.data import Examples, training_split, unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import load_tokenizer, token_ids
@@ -62,8 +62,7 @@ def training_lengths(data: str, counterfactual: str, seed: int, tokenizer: Path)
 
 def padded_share(lengths: np.ndarray, batches: list, max_len: int, multiple: int) -> float:
     """The share of the batches' positions that padding fills when each is rounded up to ``multiple``."""
-    padded = sum(len(b) * pad_batch([[0] * int(lengths[b].max())], max_len=max_len, multiple=multiple).shape[1]
-                 for b in batches)
+    padded = sum(len(b) * padded_length(int(lengths[b].max()), max_len, multiple) for b in batches)
     return 1 - lengths.sum() / padded
 
 

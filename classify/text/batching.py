@@ -104,19 +104,25 @@ def pad_multiple(device: torch.device, dtype: torch.dtype | None) -> int:
     primitive caches, up to 1,024 each). Padded to their longest text, batches came in ~500 lengths and the caches
     filled; in 16 lengths they stay small and hit: the README command peaked at 4.40 GB before and 2.47 GB after,
     and trained faster (experiments/RESULTS.md, "Peak memory"). 8 elsewhere: fp32 matrix products keep no cache per
-    shape, and on a CPU the recipe's training batches run 1.07-1.08x the real tokens per second padded to 8 as to
-    32 (6% of positions padding instead of 16%; padded to 1, 1.02x and 1.12x in two timings, for four times the
-    shapes: ``experiments.padding``, forty-eighth session). GPUs' matrix units work in multiples of 8 as well."""
+    shape, and on a CPU the recipe's training batches run 1.08x the real tokens per second padded to 8 as to
+    32 (6% of positions padding instead of 16%; padded to 1, not surely faster than 8, for four times the shapes:
+    ``experiments.padding``, forty-eighth session). GPUs' matrix units work in multiples of 8 as well."""
     return 32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else PAD_MULTIPLE
+
+
+def padded_length(longest: int, max_len: int, multiple: int = PAD_MULTIPLE) -> int:
+    """The length a batch whose longest text has ``longest`` tokens is padded to: rounded up to a multiple of
+    ``multiple`` (``pad_multiple``), but not past ``max_len``."""
+    return max(longest, min(max_len, -(-longest // multiple) * multiple))
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | None = None,
               max_len: int | None = None, multiple: int = PAD_MULTIPLE) -> torch.Tensor:
     """Right-pad id lists to one length -> LongTensor (B, T): a fixed ``length``; else the longest list's, rounded
-    up to a multiple of ``multiple`` (``pad_multiple``) but not past ``max_len`` when that is given."""
+    up as ``padded_length`` says when ``max_len`` is given."""
     longest = max(1, max(len(s) for s in sequences))
     if length is None and max_len is not None:
-        length = max(longest, min(max_len, -(-longest // multiple) * multiple))
+        length = padded_length(longest, max_len, multiple)
     longest = length or longest
     out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     for i, seq in enumerate(sequences):
