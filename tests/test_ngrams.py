@@ -19,7 +19,7 @@ from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
 from classify.mix import fit_mix, mix_features, mixed_logits
 from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_features, fit_ngram_bag,
-                             group_counts, negation_scope, ngram_ids, self_train_ngram_bag)
+                             group_counts, naive_bayes_ratios, negation_scope, ngram_ids, self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
 HEAD, TAIL = 4, 5   # the families' sizes in these tests (the default model's are 30 and 60)
@@ -146,6 +146,36 @@ def test_fitted_branch_separates_the_classes_and_matches_its_feature_matrix():
     features = feature_matrix(bag, ids[:3])
     for row, review in zip(features, ids[:3]):
         assert set(row.indices.tolist()) == expected_slots(review)
+
+
+def test_the_fit_reaches_the_regularised_optimum_of_its_weighted_objective():
+    # The peer: liblinear's objective minimised by L-BFGS in float64: 0.5 |(w, b)|^2 + C sum_i weight_i *
+    # log(1 + exp(-y_i (x_i . w + b))), x_i the naive-Bayes-scaled binary features (liblinear regularises the bias).
+    rng, reviews = np.random.default_rng(1), 60
+    labels = [i % 2 for i in range(reviews)]
+    ids = [rng.integers(1, 8, size=rng.integers(3, 9)).tolist() + [10 if y else 20] * int(rng.random() < 0.6)
+           for y in labels]
+    weights = np.where(np.arange(reviews) % 5 == 0, 0.1, 1.0)
+    bag = NgramBag(VOCAB, 2, 3, BUCKETS, pad_id=0)
+    features = feature_matrix(bag, ids)
+    fit_features(bag, features, np.asarray(labels), c=0.5, weights=weights)
+    y = torch.as_tensor(labels, dtype=torch.float64) * 2 - 1
+    x = torch.as_tensor(features.toarray() * naive_bayes_ratios(features, np.asarray(labels), 1.0, weights),
+                        dtype=torch.float64)                                                 # (N, buckets)
+    w = torch.zeros(BUCKETS + 1, dtype=torch.float64, requires_grad=True)
+    solver = torch.optim.LBFGS([w], max_iter=2000, tolerance_grad=1e-12, tolerance_change=1e-15,
+                               line_search_fn="strong_wolfe")
+
+    def objective():
+        solver.zero_grad()
+        margins = y * (x @ w[:-1] + w[-1])
+        value = 0.5 * w.square().sum() + 0.5 * (torch.as_tensor(weights) * F.softplus(-margins)).sum()
+        value.backward()
+        return value
+
+    solver.step(objective)
+    logits = bag_logits(bag, ids).double()
+    torch.testing.assert_close(logits[:, 1] - logits[:, 0], (x @ w[:-1] + w[-1]).detach(), atol=1e-2, rtol=0)
 
 
 def test_min_count_leaves_slots_too_few_reviews_have_without_weight():
