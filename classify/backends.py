@@ -10,7 +10,7 @@ lengths in length-bucketed batches.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -107,22 +107,32 @@ class OnnxBackend:
         return self.session.run(None, {"tokens": tokens})[0]
 
 
+def padded_batches(ids: list[TokenIds], pad_id: int, batch_size: int = 64, max_tokens: int | None = None,
+                   max_len: int | None = None, multiple: int = PAD_MULTIPLE) -> Iterator[tuple[list[int], np.ndarray]]:
+    """Token id lists -> batches of texts of similar lengths, as ``batched`` runs them: each batch's indices into
+    ``ids`` and its tokens (B, T) int64, padded with ``pad_id`` (``pad_batch``; an empty text as one pad position).
+    ``max_tokens``, ``max_len`` and ``multiple``: as ``batched``."""
+    # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
+    ids = [x if len(x) else [pad_id] for x in ids]
+    for indices in BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens,
+                                      shuffle=False):
+        yield indices, pad_batch([ids[i] for i in indices], pad_id, max_len=max_len, multiple=multiple).numpy()
+
+
 def batched(forward: Callable[[np.ndarray], Sequence[np.ndarray | None]], ids: list[TokenIds], pad_id: int,
             batch_size: int = 64, max_tokens: int | None = None, progress: Callable[[int], None] | None = None,
             max_len: int | None = None, multiple: int = PAD_MULTIPLE) -> list[np.ndarray | None]:
     """Run ``forward`` (tokens (B, T) -> a tuple of (B, ...) arrays or None) over token id lists in
-    length-bucketed batches: its outputs for all N texts in input order, (N, ...) each (None stays None).
+    length-bucketed batches (``padded_batches``): its outputs for all N texts in input order, (N, ...) each (None
+    stays None).
 
     ``max_tokens``: cut batches by padded tokens instead of by ``batch_size`` (the server: reviews of very
     different lengths batch well). ``progress``: called with the number of texts done. ``max_len``: the model's;
     batches are then padded to a multiple of ``multiple`` positions (``pad_batch``)."""
-    # Empty inputs still need one position: a lone pad pools to zeros (bias-only logits).
-    ids = [x if len(x) else [pad_id] for x in ids]
-    sampler = BucketBatchSampler([len(x) for x in ids], batch_size=batch_size, max_tokens=max_tokens, shuffle=False)
     outputs: list[np.ndarray | None] = []
     done = 0
-    for indices in sampler:
-        out = forward(pad_batch([ids[i] for i in indices], pad_id, max_len=max_len, multiple=multiple).numpy())
+    for indices, tokens in padded_batches(ids, pad_id, batch_size, max_tokens, max_len, multiple):
+        out = forward(tokens)
         if not outputs:
             outputs = [None if a is None else np.zeros((len(ids), *a.shape[1:]), a.dtype) for a in out]
         for k, array in enumerate(out):

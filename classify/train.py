@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from .backends import TorchBackend, batched_branches, batched_transformer
+from .backends import TorchBackend, batched_branches, batched_transformer, padded_batches
 from .command_budget import AfterTraining, forward_rate, training_minutes
 from .engine.config import HelpFormatter, add_flags, add_run_folder_args, from_args
 from .engine import distributed
@@ -41,7 +41,7 @@ from .inference import KIND, softmax
 from .mix import fit_mix, mixed_logits
 from .models import RECIPE, Classifier, ClassifierConfig, ngram_branch
 from .ngrams import NgramBag, bag_logits, describe, self_train_ngram_bag
-from .text.batching import Collate, pad_batch, pad_multiple
+from .text.batching import Collate, pad_multiple
 from .text.counterfactual import load_pairs
 from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size, load_split, normalize,
                         provides_split, training_split, unlabelled_split)
@@ -796,12 +796,10 @@ def plan_training_time(config: TrainConfig, model: Classifier, train_ids: list[T
     """--finish-within: the transformer's training minutes (``command_budget``), from the time spent since
     ``started``, the validation still to run after training, and the test evaluation: its reviews' tokens
     estimated from the training reviews' mean length, its tokenizing from theirs (``encode_s_per_text``)."""
-    backend, size = TorchBackend(model, device, dtype), config.batch_size * 2   # as the evaluations batch
-    sample = sorted(train_ids[:512], key=len)
-    rate = forward_rate(backend.branches, [pad_batch(sample[i: i + size], model.config.pad_id,
-                                                     max_len=model.config.max_len,
-                                                     multiple=backend.pad_multiple).numpy()
-                                           for i in range(0, len(sample), size)])
+    backend = TorchBackend(model, device, dtype)
+    sample = padded_batches(train_ids[:512], backend.pad_id, config.batch_size * 2,   # batched as the evaluations
+                            max_len=backend.max_len, multiple=backend.pad_multiple)
+    rate = forward_rate(backend.branches, [tokens for _, tokens in sample])
     tests = len(test) if test is not None else 0
     after = AfterTraining(validation_tokens=sum(len(x) for x in validation.ids),
                           test_tokens=tests * float(np.mean([len(x) for x in train_ids])),
