@@ -491,6 +491,36 @@ def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> t
 
 
 @dataclass
+class LabelledTexts:
+    """The labelled texts a run reads, before tokenizing: its split's training and validation reviews, the
+    counterfactual texts it trains on (``counterfactual_examples``), and the rule-made texts cut from each side of
+    the split (``rule_made_examples``), by group name."""
+
+    train: Examples
+    val: Examples
+    counterfactual: Examples
+    made: dict[str, Examples]       # to train on: "edit", "join"
+    val_made: dict[str, Examples]   # to validate on
+
+    @classmethod
+    def of(cls, config: TrainConfig, train: Examples, val: Examples) -> "LabelledTexts":
+        return cls(train, val, counterfactual_examples(config, val), *rule_made_examples(config, train, val))
+
+    @property
+    def edits(self) -> Examples:
+        return self.made.get("edit", Examples([], []))
+
+    @property
+    def joins(self) -> Examples:
+        return self.made.get("join", Examples([], []))
+
+    def parts(self) -> tuple[Examples, Examples, Examples, Examples]:
+        """The reviews, the counterfactual texts, the negation edits and the contrast joins: the order of
+        ``training_parts``."""
+        return self.train, self.counterfactual, self.edits, self.joins
+
+
+@dataclass
 class TrainingPart:
     """Labelled texts the transformer trains on, seen ``times`` an epoch. Paired (``partners``): text i comes with
     ``partners[i]``, a text under another label, in the same batch, and their margin (``pair_loss``) counts
@@ -665,9 +695,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         config.val_size = default_val_size(len(train_set) + len(val_set))
         console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
                     f"most 2,500; --val-size sets another number)")
-    counterfactual = counterfactual_examples(config, val_set)
-    made, val_made = rule_made_examples(config, train_set, val_set)
-    edits, joins = made.get("edit", Examples([], [])), made.get("join", Examples([], []))
+    texts = LabelledTexts.of(config, train_set, val_set)
+    counterfactual, edits, joins = texts.counterfactual, texts.edits, texts.joins
     resuming = run.open(config, model_config, args.overwrite, args.resume)
     if resuming and config.finish_within is not None:  # the training minutes its first start set
         config.time_budget = distributed.on_main(lambda: recorded_budget(run))
@@ -690,7 +719,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS))
     validation = Validation.build(val_ids, val_set.labels, ends if config.short_texts else None,
-                                  {name: (encode(texts.texts), texts.labels) for name, texts in val_made.items()})
+                                  {name: (encode(made.texts), made.labels) for name, made in texts.val_made.items()})
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}"
                 + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
                 + (f", {len(edit_ids)} negation edits and their sentences" if edit_ids else "")

@@ -52,9 +52,9 @@ from classify.inference import KIND, load_run, softmax
 from classify.mix import mixed_logits
 from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import NgramBag, bag_logits, feature_matrix, fit_features
-from classify.text.data import Examples, unlabelled_split
+from classify.text.data import unlabelled_split
 from classify.text.prepare import Preprocessing
-from classify.train import Validation, counterfactual_examples, rule_made_examples
+from classify.train import LabelledTexts, Validation
 from classify.train_config import TrainConfig
 
 from . import add_results_args, results_folder
@@ -115,20 +115,17 @@ def branch_data(path: str, students: bool) -> BranchData:
     ``students``."""
     run = load_run(path, torch.device("cpu"), None)
     config = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
-    train, val = run_training_split(run.config, None)
-    counterfactual = counterfactual_examples(config, val)
-    made, _ = rule_made_examples(config, train, val)
-    edits = made.get("edit", Examples([], []))
+    texts = LabelledTexts.of(config, *run_training_split(run.config, None))
     model_config = run.backend.model.config
     encode = Preprocessing(run.tokenizer, model_config.max_len, run.truncation).ids
     bag = ngram_branch(model_config)
-    parts = (train, counterfactual, edits)
+    parts = texts.parts()[:3]   # the reviews, the counterfactual texts, the negation edits
     unlabelled = (feature_matrix(bag, encode(unlabelled_split(config.data, config.limit, config.seed).texts))
                   if students else None)
     return BranchData(feature_matrix(bag, encode([t for part in parts for t in part.texts])),
                       np.asarray([y for part in parts for y in part.labels]),
                       np.repeat([0, 1, 2], [len(part.texts) for part in parts]),
-                      feature_matrix(bag, encode(val.texts)), np.asarray(val.labels), unlabelled, config,
+                      feature_matrix(bag, encode(texts.val.texts)), np.asarray(texts.val.labels), unlabelled, config,
                       model_config)
 
 

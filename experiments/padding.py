@@ -26,12 +26,11 @@ import torch.nn.functional as F
 from classify.engine.optim import build_optimizer, optimizer_step
 from classify.engine.runfolder import TOKENIZER
 from classify.text.batching import BucketBatchSampler, pad_batch, padded_length
-from classify.text.data import Examples, training_split, unlabelled_split
+from classify.text.data import training_split, unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import load_tokenizer, token_ids
 from classify.text.windows import SENTENCE_ENDS, Elision
-from classify.train import (TransformerExamples, build_parser, configs_from_args, counterfactual_examples,
-                            rule_made_examples, training_parts)
+from classify.train import LabelledTexts, TransformerExamples, build_parser, configs_from_args, training_parts
 
 from . import add_results_args
 from .attention_precision import models_to_time, timing_record, write_table_report
@@ -44,13 +43,11 @@ def training_lengths(data: str, counterfactual: str, seed: int, tokenizer: Path)
     args = build_parser().parse_args(["--data", data, "--output", "unused", "--counterfactual", counterfactual,
                                       "--seed", str(seed)])
     model_config, config = configs_from_args(args)
-    train_set, val_set = training_split(config.data, config.val_size, config.seed, config.limit, config.split)
-    pairs = counterfactual_examples(config, val_set)
-    made, _ = rule_made_examples(config, train_set, val_set)
-    edits, joins = made.get("edit", Examples([], [])), made.get("join", Examples([], []))
+    texts = LabelledTexts.of(config, *training_split(config.data, config.val_size, config.seed, config.limit,
+                                                     config.split))
     vocabulary = load_tokenizer(tokenizer)
     encode = Preprocessing(vocabulary, model_config.max_len, config.truncation).ids
-    parts = training_parts(config, *((encode(e.texts), e.labels) for e in (train_set, pairs, edits, joins)))
+    parts = training_parts(config, *((encode(e.texts), e.labels) for e in texts.parts()))
     unlabelled = encode(unlabelled_split(config.data, config.limit, config.seed).texts)
     given = np.full((len(unlabelled), model_config.num_classes), 1 / model_config.num_classes)  # targets: unused
     examples = TransformerExamples.build(parts, unlabelled, given, config, set(token_ids(vocabulary, SENTENCE_ENDS)),
