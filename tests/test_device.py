@@ -1,5 +1,9 @@
 """The device module: choice, autocast dtype, transfers, and one-line errors for impossible requests."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -61,15 +65,12 @@ def _huge_pages_on_request() -> bool:
 def test_importing_classify_puts_torch_cpu_tensors_on_huge_pages():
     """A 256 MiB tensor made after ``import classify`` faults in 2 MiB pages, not 4 KiB ones (~65,000 faults);
     THP_MEM_ALLOC_ENABLE=0 set by the user keeps the small pages."""
-    import subprocess
-    import sys
     probe = ("import resource, classify, torch\n"
              "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
              "x = torch.ones(64 << 20)\n"
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
 
     def faults(**env: str) -> int:
-        import os
         inherited = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}  # this process set it
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                              env={**inherited, **env})
