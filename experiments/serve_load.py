@@ -67,12 +67,14 @@ STARTUP_SECONDS = 120
 
 @contextmanager
 def serve_process(model: str | Path, *flags: str) -> Iterator[str]:
-    """``python -m classify.serve`` on a free port of 127.0.0.1 (port 0; the server prints the address);
-    yields its base URL and stops it (SIGINT, then SIGKILL) however the block ends. Its log goes to a
-    file, not a pipe, so a chatty server can never block on a full pipe."""
+    """``python -m classify.serve`` on a free port of 127.0.0.1 (port 0; the server prints the address),
+    on the CPU: this is a CPU load test (threads, worker processes, the threads' wait policy) and its
+    model-alone reference runs on the CPU, so a GPU the machine has is not used. Yields its base URL and
+    stops it (SIGINT, then SIGKILL) however the block ends. Its log goes to a file, not a pipe, so a chatty
+    server can never block on a full pipe."""
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
         process = subprocess.Popen([sys.executable, "-m", "classify.serve", "--model", str(model), "--port", "0",
-                                    *flags], stdout=subprocess.DEVNULL, stderr=log)
+                                    "--device", "cpu", *flags], stdout=subprocess.DEVNULL, stderr=log)
         try:
             deadline = time.monotonic() + STARTUP_SECONDS
             while not (found := re.search(r"listening on (http://\S+)", _read(log))):
