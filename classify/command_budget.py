@@ -23,9 +23,10 @@ from .errors import ClassifyError
 # evaluation took 202, 218, 224 and 235 s, though the timed forward pass did not slow); in the next four, on the
 # same CPU class, 0.90-1.13 times.
 MARGIN = 1.2
-# Training stops at its budget, then validates once more (``engine.loop.fit``), and the mix is chosen on
-# another pass over validation: two passes after the budget is spent.
-VALIDATION_PASSES_AFTER = 2
+# Training stops at its budget and validates once more (``engine.loop.fit``); the mix is fitted on that pass's
+# logits (``train.ClassificationTask.best_logits``): one pass after the budget is spent. (Where an earlier
+# validation scored best, as --eval-every can make happen, the mix takes a second pass, not counted here.)
+VALIDATION_PASSES_AFTER = 1
 
 
 @dataclass

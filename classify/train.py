@@ -196,6 +196,11 @@ class ClassificationTask(Task):
         self.label_smoothing = config.label_smoothing
         self.pseudo_label_weight, self.self_label_share = config.pseudo_label_weight, config.self_label_share
         self.validation, self.device, self.dtype = validation, device, dtype
+        # The transformer's validation logits (N, C) of the last validation, and of the weights in
+        # model.safetensors if they were validated in this sitting (not before a resume): the mix is fitted on
+        # them after training, without another pass over validation.
+        self.latest_logits: np.ndarray | None = None
+        self.best_logits: np.ndarray | None = None
 
     def loss(self, model, batch):
         logits = model(batch["tokens"], ngram=False)  # (B, C): the transformer alone until the mix is chosen
@@ -234,10 +239,13 @@ class ClassificationTask(Task):
 
     def validate(self, model):
         v = self.validation
-        logits = transformer_logits(model, v.ids, self.device, self.dtype, self.batch_size * 2)
+        logits = self.latest_logits = transformer_logits(model, v.ids, self.device, self.dtype, self.batch_size * 2)
         loss = metric_sums(softmax(logits[~v.short]), np.asarray(v.labels)[~v.short])
         metrics, _ = v.scores(logits)
         return {"val_loss": loss[0] / loss[2], **metrics}
+
+    def keep_best(self):
+        self.best_logits = self.latest_logits
 
     def score(self, metrics):
         """Higher is better: what ships (the mix, with a branch), averaged over the validation groups."""
@@ -294,15 +302,18 @@ def score_name(key: str) -> str:
 
 # ------------------------------------------------------------------------ the stages
 def choose_mix(run: RunFolder, model: Classifier, validation: Validation, device, dtype, batch_size: int,
-               console: Console) -> dict | None:
+               console: Console, logits: np.ndarray | None = None) -> dict | None:
     """Stage 3 of a run with the n-gram branch: on the best weights, fit the mix of the transformer and the branch
-    (``classify.mix``) on validation, whole reviews and short texts, and store it in ``model.safetensors``."""
+    (``classify.mix``) on validation, whole reviews and short texts, and store it in ``model.safetensors``.
+    ``logits``: the transformer's validation logits (N, C) of those weights where training kept them
+    (``ClassificationTask.best_logits``); otherwise computed here."""
     if not (run.path / WEIGHTS).exists():
         return None
     load_model_weights(model, run.path / WEIGHTS)
     record: dict = {}
     if validation.ids:
-        logits = transformer_logits(model, validation.ids, device, dtype, batch_size * 2, shard=False)  # rank 0 alone
+        if logits is None:
+            logits = transformer_logits(model, validation.ids, device, dtype, batch_size * 2, shard=False)  # rank 0
         scores, mix = validation.scores(logits)
         record["val_accuracy"] = {score_name(k): v for k, v in scores.items()}
     else:  # nothing to choose on: the two at equal weight
@@ -779,7 +790,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         return 130
     if distributed.is_main():  # rank 0's model alone from here
         # Stage 3: the mix, chosen on validation; then one evaluation on the test split.
-        mix = (choose_mix(run, model, validation, device, dtype, config.batch_size, console)
+        mix = (choose_mix(run, model, validation, device, dtype, config.batch_size, console, task.best_logits)
                if model.ngram is not None else None)
         test_metrics = evaluate_test(run, test, config, model, tokenizer, device, dtype, mix)
         rows = [("best validation score" + (" (mixed; whole reviews and short texts)" if mix else ""),

@@ -54,6 +54,8 @@ class Task:
     ``train_metrics(sums)``      what added-up ``sums`` mean, e.g. ``{"train_loss": ...}``
     ``validate(model)``          validation metrics, ``{"val_loss": ...}``: the same on every rank
     ``score(metrics)``           higher is better: picks model.safetensors and drives ``patience``
+    ``keep_best()``              optional: the last ``validate`` found the best weights so far (saved as
+                                 model.safetensors), so what it computed may be kept for after training
     ``lr_scale``                 optional parameter name -> learning-rate factor (layer-wise decay)
     """
 
@@ -76,6 +78,9 @@ class Task:
 
     def score(self, metrics: dict[str, float]) -> float:
         raise NotImplementedError
+
+    def keep_best(self) -> None:
+        pass
 
 
 @dataclass
@@ -197,8 +202,10 @@ def fit(task: Task, config, run: RunFolder, device: torch.device, dtype: torch.d
                               if k.startswith(("train_", "val_")) and v is not None)
             progress.log(f"step {record['step']}: {shown}  {record['tokens_per_s']:.0f} tok/s")
             improved, exhausted = record_evaluation(state, task.score(metrics), config.patience)
-            if improved and main:   # after the record: a reader knows the weights are in once they are newer than it
-                run.save_best(model)
+            if improved:
+                task.keep_best()
+                if main:   # after the record: a reader knows the weights are in once they are newer than it
+                    run.save_best(model)
         model.train()
         sums, steps_since_eval, tokens_since, clock = defaultdict(float), 0, 0, time.monotonic()
         return exhausted
