@@ -111,15 +111,17 @@ class ClassifierConfig(_Config):
     ngram_negation: int = 0        # ... reading words up to N tokens after a negator as NOT_word (0 = off)
     ngram_negators: list[int] = field(default_factory=list)  # token ids that open a negation scope
     ngram_breaks: list[int] = field(default_factory=list)    # token ids that close one (punctuation, "but")
+    ngram_ellipsis: int = 0        # ... and the last N words of a clause denied by "..., but it wasn't." (0 = off)
+    ngram_auxiliaries: list[int] = field(default_factory=list)  # token ids of the auxiliaries that deny one
 
     def validate(self) -> None:
         super().validate()
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {self.pooling!r}")
-        counts = (self.ngram_orders, self.ngram_head, self.ngram_tail, self.ngram_negation)
+        counts = (self.ngram_orders, self.ngram_head, self.ngram_tail, self.ngram_negation, self.ngram_ellipsis)
         if min(counts) < 0 or self.ngram_buckets < 1:
-            raise ValueError(f"ngram_orders, ngram_head, ngram_tail and ngram_negation must be >= 0 and "
-                             f"ngram_buckets >= 1, got {', '.join(map(str, counts))} and {self.ngram_buckets}")
+            raise ValueError(f"ngram_orders, ngram_head, ngram_tail, ngram_negation and ngram_ellipsis must be "
+                             f">= 0 and ngram_buckets >= 1, got {', '.join(map(str, counts))} and {self.ngram_buckets}")
 
 
 # The model `python -m classify.train` builds (its flags default to these fields; ``ClassifierConfig``'s own
@@ -143,7 +145,7 @@ def ngram_branch(c: ClassifierConfig, orders: int | None = None) -> NgramBag:
     model without one (``classify.train``'s teacher for a pure transformer)."""
     return NgramBag(c.vocab_size, c.num_classes, orders or c.ngram_orders, c.ngram_buckets, c.pad_id,
                     c.ngram_skip_bigrams, c.ngram_head, c.ngram_tail, c.ngram_negation,
-                    tuple(c.ngram_negators), tuple(c.ngram_breaks))
+                    tuple(c.ngram_negators), tuple(c.ngram_breaks), c.ngram_ellipsis, tuple(c.ngram_auxiliaries))
 
 
 class BranchLogits(NamedTuple):

@@ -18,7 +18,9 @@ How it works:
   clause break (punctuation, "but") between, is another word, NOT_word, in every family: its digit
   is shifted by vocab + 1 (the base doubles). So "not boring" no longer carries the weight of
   "boring", the most negative word of the corpus, and neither does the skip-bigram "was * boring" nor
-  "boring" among the last tokens of a review.
+  "boring" among the last tokens of a review. With ``ellipsis`` the marking also reaches back: a negated
+  auxiliary whose verb is left out denies the clause before it ("I thought it would be good, but it
+  wasn't."), whose last words become NOT_word too (``ellipsis_scope``).
 * ``NgramBag``: logits (B, C) = sum over a review's slots of ``weight[slot]`` + bias: an embedding bag
   in sum mode. ``weight`` holds the coefficients of a logistic regression fitted on naive-Bayes-scaled
   features, times those scales (the naive-Bayes log-count ratios), folded into one table. Most slots of
@@ -83,7 +85,7 @@ def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int =
     return out
 
 
-def describe(kinds: list[Family], negation: int = 0) -> str:
+def describe(kinds: list[Family], negation: int = 0, ellipsis: int = 0) -> str:
     """What a branch reads, in words: "1-3-grams, skip-bigrams, 1-3-grams of the first 30 / last 60 tokens,
     negation marked over 4 tokens"."""
     def orders(fs: list[Family]) -> str:
@@ -96,6 +98,7 @@ def describe(kinds: list[Family], negation: int = 0) -> str:
     if ends:
         parts.append(f"{orders([f for f in kinds if f.where in ('head', 'tail')])} of the {' / '.join(ends)} tokens")
     parts += [f"negation marked over {negation} tokens"] * bool(negation)
+    parts += [f"clauses denied by an elided negation over {ellipsis} words"] * bool(ellipsis)
     return ", ".join(parts)
 
 
@@ -109,6 +112,39 @@ def _member(tokens: Tensor, ids: Tensor) -> Tensor:
     """tokens (B, T) -> (B, T) bool: the token is one of ``ids`` (K,). A count, not ``any``: ONNX Runtime's
     reduction behind an exported ``any`` comes out True over K = 0 ids (a vocabulary without the negators)."""
     return (tokens.unsqueeze(-1) == ids).sum(-1) > 0
+
+
+def _ahead(x: Tensor, d: int, fill: bool) -> Tensor:
+    """x (B, T) bool -> (B, T): position i reads ``x`` at i + ``d``, ``fill`` past the end. Valid for any T, as
+    ``_shift``."""
+    return torch.cat([x, torch.full_like(x[:, :1], fill).expand(-1, d)], dim=1)[:, d:]
+
+
+def ellipsis_scope(tokens: Tensor, auxiliaries: Tensor, negators: Tensor, breaks: Tensor, pad_id: int,
+                   within: int) -> Tensor:
+    """tokens (B, T) -> (B, T) bool: the token is one of the last ``within`` words, with no clause break among
+    them, of a clause that a negated auxiliary with its verb left out denies: "I thought it would be good, but it
+    wasn't." and "Everyone said the acting was good. It was not." read "good" as NOT_good. The denial is one or two
+    breaks (",", ", but", "."), a subject of one or two words, an auxiliary, then a negator right after it ("was
+    not") or one token later ("wasn ' t"), then a break or the text's end. ``auxiliaries``, ``negators``,
+    ``breaks``: token ids (K,). Comparisons and shifts only, as ``negation_scope``."""
+    brk, aux, neg = (_member(tokens, ids) for ids in (breaks, auxiliaries, negators))      # (B, T) each
+    end = brk | (tokens == pad_id)                                                        # (B, T)
+    last = torch.zeros_like(brk)       # last[:, i]: the denied clause's last word is token i
+    for b in (1, 2):                   # breaks after the clause
+        for s in (1, 2):               # words of the subject
+            for n in (1, 2):           # the negator's distance from the auxiliary
+                at = b + s + 1         # the auxiliary's distance from the clause's last word
+                found = ~brk & _ahead(aux, at, False) & _ahead(neg, at + n, False) & _ahead(end, at + n + 1, True)
+                for d in range(1, at + n):   # the breaks, then the subject and what lies between aux and negator
+                    found = found & (_ahead(brk, d, False) if d <= b else ~_ahead(brk, d, True))
+                last = last | found
+    scope = torch.zeros_like(last)
+    run = torch.ones_like(last)        # run[:, i]: no break in positions i .. i+d
+    for d in range(within):
+        run = run & ~_ahead(brk, d, False)
+        scope = scope | (_ahead(last, d, False) & run)
+    return scope
 
 
 def negation_scope(tokens: Tensor, negators: Tensor, breaks: Tensor, within: int) -> Tensor:
@@ -178,18 +214,20 @@ class NgramBag(nn.Module):
 
     def __init__(self, vocab_size: int, num_classes: int, orders: int, buckets: int, pad_id: int,
                  skip_bigrams: bool = False, head: int = 0, tail: int = 0, negation: int = 0,
-                 negators: tuple[int, ...] = (), breaks: tuple[int, ...] = ()):
+                 negators: tuple[int, ...] = (), breaks: tuple[int, ...] = (), ellipsis: int = 0,
+                 auxiliaries: tuple[int, ...] = ()):
         super().__init__()
-        limit = MAX_VOCAB // 2 if negation else MAX_VOCAB   # negation marking doubles the base of the digits
+        marked = bool(negation or ellipsis)
+        limit = MAX_VOCAB // 2 if marked else MAX_VOCAB   # negation marking doubles the base of the digits
         if not 0 < vocab_size <= limit:
-            raise ValueError(f"the n-gram branch{' with negation marking' if negation else ''} supports vocabularies "
+            raise ValueError(f"the n-gram branch{' with negation marking' if marked else ''} supports vocabularies "
                              f"up to {limit}, got {vocab_size}")
         self.vocab_size, self.buckets, self.pad_id = vocab_size, buckets, pad_id
         self.kinds = families(orders, skip_bigrams, head, tail)
-        self.negation = negation
+        self.negation, self.ellipsis = negation, ellipsis
         # Token ids, not weights: buffers outside the state dict (the config holds them).
-        self.register_buffer("negators", torch.tensor(sorted(negators), dtype=torch.long), persistent=False)
-        self.register_buffer("breaks", torch.tensor(sorted(breaks), dtype=torch.long), persistent=False)
+        for name, ids in (("negators", negators), ("breaks", breaks), ("auxiliaries", auxiliaries)):
+            self.register_buffer(name, torch.tensor(sorted(ids), dtype=torch.long), persistent=False)
         # Row ``buckets``: padding, stays 0. The naive-Bayes scale of each slot is folded in (see the module).
         self.weight = nn.Parameter(torch.zeros(buckets + 1, num_classes))
         self.bias = nn.Parameter(torch.zeros(num_classes))
@@ -232,8 +270,13 @@ class NgramBag(nn.Module):
         return self.slot_values(direction)[slots]
 
     def scope(self, tokens: Tensor) -> Tensor | None:
-        """tokens (B, T) -> (B, T) bool, the words read as NOT_word (``negation_scope``); None without marking."""
-        return negation_scope(tokens, self.negators, self.breaks, self.negation) if self.negation else None
+        """tokens (B, T) -> (B, T) bool, the words read as NOT_word (``negation_scope``, ``ellipsis_scope``); None
+        without marking."""
+        scope = negation_scope(tokens, self.negators, self.breaks, self.negation) if self.negation else None
+        if self.ellipsis:
+            denied = ellipsis_scope(tokens, self.auxiliaries, self.negators, self.breaks, self.pad_id, self.ellipsis)
+            scope = denied if scope is None else scope | denied
+        return scope
 
     def slots(self, tokens: Tensor) -> Tensor:
         return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))

@@ -48,13 +48,14 @@ from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size,
 from .text.edits import Lexicon, contrast_joins, negation_pairs
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer, truncate
-from .text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, closing_sentences, elided_negation
+from .text.windows import (AUXILIARIES, CONTRACTED, SENTENCE_ENDS, Elision, closing_passage, closing_sentence,
+                           closing_sentences, elided_negation)
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
-               "ngram_tail", "ngram_negation")
+               "ngram_tail", "ngram_negation", "ngram_ellipsis")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +100,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
     once the tokenizer exists: ``negation_tokens``.)"""
     config = from_args(TrainConfig, args)
     model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES),
-                      ngram_negators=[], ngram_breaks=[])
+                      ngram_negators=[], ngram_breaks=[], ngram_auxiliaries=[])
     if config.train_max_len is not None and config.train_max_len >= model.max_len:
         config.train_max_len = None   # cuts nothing: recorded as no cut, as runs from before the flag read
     config.validate(model)
@@ -377,8 +378,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                                                unlabelled_ids if self_train or branch_teaches else [],
                                                config.ngram_c, self_train, weights, config.ngram_min_count)
         polarity = None if own_teacher else polarity_of(bag)   # the first fit's: the refit below replaces it
-        console.log(f"n-gram branch ({describe(bag.kinds, bag.negation)}; {bag.buckets:,} slots; negation edits "
-                    f"weighted {config.negation_edit_weight})"
+        console.log(f"n-gram branch ({describe(bag.kinds, bag.negation, bag.ellipsis)}; {bag.buckets:,} slots; "
+                    f"negation edits weighted {config.negation_edit_weight})"
                     + (f" self-trained on {len(unlabelled_ids)} unlabelled reviews" if self_train else "")
                     + f" fitted on {len(train_ids)} reviews in {time.monotonic() - t:.0f}s"
                     + (f"; it labels {(labelled_by_fit.argmax(1) == 1).mean():.0%} of the unlabelled reviews "
@@ -707,7 +708,6 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         console.log(f"validation: {len(val_set)} of the {len(train_set) + len(val_set)} training reviews (10%, at "
                     f"most 2,500; --val-size sets another number)")
     texts = LabelledTexts.of(config, train_set, val_set)
-    counterfactual, edits, joins = texts.counterfactual, texts.edits, texts.joins
     resuming = run.open(config, model_config, args.overwrite, args.resume)
     if resuming and config.finish_within is not None:  # the training minutes its first start set
         config.time_budget = distributed.on_main(lambda: recorded_budget(run))
@@ -719,15 +719,17 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
 
     tokenizer = run.tokenizer(resuming, make_tokenizer)
     model_config.vocab_size = tokenizer.get_vocab_size()
-    if model_config.ngram_negation:
+    if model_config.ngram_negation or model_config.ngram_ellipsis:
         model_config.ngram_negators = token_ids(tokenizer, NEGATORS)
         model_config.ngram_breaks = token_ids(tokenizer, CLAUSE_BREAKS)
+    if model_config.ngram_ellipsis:
+        model_config.ngram_auxiliaries = token_ids(tokenizer, AUXILIARIES + CONTRACTED)
     encode = Preprocessing(tokenizer, model_config.max_len, config.truncation).ids   # as written: no --spelling
     t_encode = time.monotonic()
     train_ids = encode(train_set.texts)
     encode_s_per_text = (time.monotonic() - t_encode) / len(train_ids)
-    val_ids, counterfactual_ids = encode(val_set.texts), encode(counterfactual.texts)
-    edit_ids, join_ids = encode(edits.texts), encode(joins.texts)
+    val_ids, counterfactual_ids = encode(val_set.texts), encode(texts.counterfactual.texts)
+    edit_ids, join_ids = encode(texts.edits.texts), encode(texts.joins.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS))
     validation = Validation.build(val_ids, val_set.labels, ends if config.short_texts else None,
                                   {name: (encode(made.texts), made.labels) for name, made in texts.val_made.items()})
@@ -746,8 +748,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     unlabelled_ids = (encode(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
-    labelled = (train_ids + counterfactual_ids + edit_ids, train_set.labels + counterfactual.labels + edits.labels,
-                np.repeat([False, True], [len(train_ids) + len(counterfactual_ids), len(edit_ids)]))  # the n-grams' data
+    labelled = (train_ids + counterfactual_ids + edit_ids,   # the n-grams' data
+                train_set.labels + texts.counterfactual.labels + texts.edits.labels,
+                np.repeat([False, True], [len(train_ids) + len(counterfactual_ids), len(edit_ids)]))
     polarity = None
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
@@ -765,8 +768,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     if config.word_polarity and not resuming:   # after the word vectors: the direction is carved out of them
         distributed.on_main(lambda: start_from_word_polarity(model, polarity, config.seed, console))
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
-    parts = training_parts(config, (train_ids, train_set.labels), (counterfactual_ids, counterfactual.labels),
-                           (edit_ids, edits.labels), (join_ids, joins.labels))
+    parts = training_parts(config, (train_ids, train_set.labels), (counterfactual_ids, texts.counterfactual.labels),
+                           (edit_ids, texts.edits.labels), (join_ids, texts.joins.labels))
     examples = TransformerExamples.build(parts, unlabelled_ids[: len(given)], given, config,
                                          ends, Elision.of(tokenizer))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"

@@ -37,7 +37,7 @@ import argparse
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,8 @@ from classify.models import Classifier, ClassifierConfig, ngram_branch
 from classify.ngrams import NgramBag, bag_logits, feature_matrix, fit_features
 from classify.text.data import unlabelled_split
 from classify.text.prepare import Preprocessing
+from classify.text.tokenize import token_ids
+from classify.text.windows import AUXILIARIES, CONTRACTED
 from classify.train import LabelledTexts, Validation
 from classify.train_config import TrainConfig
 
@@ -110,13 +112,17 @@ class BranchData:
     model_config: ClassifierConfig
 
 
-def branch_data(path: str, students: bool) -> BranchData:
+def branch_data(path: str, students: bool, ellipsis: int | None = None) -> BranchData:
     """The run's branch training data (``classify.train``'s stage 1); the unlabelled reviews' too for
-    ``students``."""
+    ``students``. ``ellipsis``: the branch reads clauses denied by an elided negation over that many words
+    (``--ngram-ellipsis``; 0 not), whatever the run's branch did."""
     run = load_run(path, torch.device("cpu"), None)
     config = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
     texts = LabelledTexts.of(config, *run_training_split(run.config, None))
     model_config = run.backend.model.config
+    if ellipsis is not None:   # as classify.train fills in the auxiliaries' ids
+        model_config = replace(model_config, ngram_ellipsis=ellipsis, ngram_auxiliaries=token_ids(
+            run.tokenizer, AUXILIARIES + CONTRACTED) if ellipsis else [])
     encode = Preprocessing(run.tokenizer, model_config.max_len, run.truncation).ids
     bag = ngram_branch(model_config)
     parts = texts.parts()[:3]   # the reviews, the counterfactual texts, the negation edits
@@ -181,15 +187,18 @@ def uncompacted(path: str) -> tuple[dict, Classifier]:
 
 
 def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: NgramBag, mix: np.ndarray,
-               held_out: np.ndarray, folder: Path) -> Path:
+               held_out: np.ndarray, folder: Path, model_config: ClassifierConfig) -> Path:
     """Write the run at ``path`` (``run``: its config and ``uncompacted`` model, whose branch and mix this
     replaces) with ``variant``'s kept branch and ``mix`` (2, 2), and the branch's held-out logits of the
-    validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC``."""
+    validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC`` (``-ellN`` after it where the branch's
+    ``model_config`` reads denied clauses and the run's did not)."""
     config, model = run
-    out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}"
+    grafted = "" if model_config.ngram_ellipsis == model.config.ngram_ellipsis else f"-ell{model_config.ngram_ellipsis}"
+    out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}{grafted}"
     out.mkdir(parents=True, exist_ok=True)
-    config = {**config, "train": {**config["train"], "ngram_min_count": variant.min_count, "ngram_c": variant.c},
-              "graft": {"from": str(path), "branch": variant.name, "by": "experiments.branch_memory --save"}}
+    config = {**config, "model": model_config.to_dict(),
+              "train": {**config["train"], "ngram_min_count": variant.min_count, "ngram_c": variant.c},
+              "graft": {"from": str(path), "branch": variant.name + grafted, "by": "experiments.branch_memory --save"}}
     write_json(out / CONFIG, config)
     shutil.copyfile(Path(path) / TOKENIZER, out / TOKENIZER)
     model.ngram.load_state_dict(kept.state_dict())
@@ -199,12 +208,14 @@ def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: 
     return out
 
 
-def study(path: str, variants: list[Variant] | None, device, dtype, save: Path | None = None) -> dict:
+def study(path: str, variants: list[Variant] | None, device, dtype, save: Path | None = None,
+          ellipsis: int | None = None) -> dict:
     """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run (no
-    ``variants``: the run's own fit); with ``save``, each variant's model written there (``save_graft``)."""
+    ``variants``: the run's own fit); with ``save``, each variant's model written there (``save_graft``);
+    ``ellipsis``: as ``branch_data``."""
     with torch.inference_mode():
         validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
-    data = branch_data(path, any(v.kind == "student" for v in variants or []))
+    data = branch_data(path, any(v.kind == "student" for v in variants or []), ellipsis)
     variants = variants or [Variant("fit", data.config.ngram_min_count, data.config.ngram_c)]   # the run's own
     y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
     texts = group < PAIRS                              # what the mix is fitted on, as in training
@@ -237,7 +248,7 @@ def study(path: str, variants: list[Variant] | None, device, dtype, save: Path |
         for system, logits in (("ngram", unseen), ("mixed", mixed_logits(mix, transformer, unseen, lengths))):
             row[system][UNSEEN] = float((logits[revisions].argmax(1) == y[revisions]).mean())
         if save is not None:
-            row["saved"] = str(save_graft(path, run, variant, kept, mix, ngram[texts], save))
+            row["saved"] = str(save_graft(path, run, variant, kept, mix, ngram[texts], save, data.model_config))
         out["variants"].append(row)
         print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
               "ngram", row["ngram"], flush=True)
@@ -257,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write each variant's model as a run folder FOLDER/RUN-minMIN-cC (the run's transformer, "
                         "the variant's kept branch and mix), for classify.evaluate and experiments.behaviour; MIN:C "
                         "variants only (classify.train has flags for those)")
+    p.add_argument("--ngram-ellipsis", type=int, default=None, metavar="N",
+                   help="every variant's branch reads the last N words of a clause denied by an elided negation as "
+                        "negated (classify.train's --ngram-ellipsis; 0 not; default: as each run did)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
@@ -264,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants or []):
         p.error("--save writes MIN:C variants only: a run's config.json cannot describe the others")
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
-    results = {path: study(path, args.variants, device, dtype, args.save) for path in args.runs}
+    results = {path: study(path, args.variants, device, dtype, args.save, args.ngram_ellipsis) for path in args.runs}
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
     groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "

@@ -19,7 +19,8 @@ from classify.text.batching import pad_batch
 from classify.models import Classifier, ClassifierConfig
 from classify.mix import fit_mix, mix_features, mixed_logits
 from classify.ngrams import (Family, NgramBag, bag_logits, families, feature_matrix, fit_features, fit_ngram_bag,
-                             group_counts, naive_bayes_ratios, negation_scope, ngram_ids, self_train_ngram_bag)
+                             ellipsis_scope, group_counts, naive_bayes_ratios, negation_scope, ngram_ids,
+                             self_train_ngram_bag)
 
 VOCAB, BUCKETS = 50, 1009
 HEAD, TAIL = 4, 5   # the families' sizes in these tests (the default model's are 30 and 60)
@@ -357,6 +358,48 @@ def test_negation_scope_covers_the_next_words_up_to_a_clause_break():
     assert scope.int().tolist() == [[0, 0, 1, 1, 1, 1, 0, 0],
                                     [0, 1, 0, 0, 0, 1, 0, 0],
                                     [0, 1, 1, 1, 1, 1, 0, 0]]
+
+
+AUX, WASN, APOS, T, COMMA = 44, 45, 46, 47, 48   # "was", "wasn", "'", "t", ","
+
+
+def denied(tokens: list[list[int]], within: int = 4) -> list[list[int]]:
+    return ellipsis_scope(torch.tensor(tokens), torch.tensor([AUX, WASN]), torch.tensor([NOT, T]),
+                          torch.tensor([STOP, BUT, COMMA]), pad_id=0, within=within).int().tolist()
+
+
+def test_an_elided_negation_denies_the_last_words_of_the_clause_before_it():
+    # "5 6 7 8. 9 was not." and "5 6, but 9 wasn't.": the clause's last words, back to a break or `within`.
+    assert denied([[5, 6, 7, 8, STOP, 9, AUX, NOT, STOP]]) == [[1, 1, 1, 1, 0, 0, 0, 0, 0]]
+    assert denied([[5, 6, 7, 8, STOP, 9, AUX, NOT, STOP]], within=2) == [[0, 0, 1, 1, 0, 0, 0, 0, 0]]
+    assert denied([[5, 6, COMMA, BUT, 9, WASN, APOS, T, STOP]]) == [[1, 1, 0, 0, 0, 0, 0, 0, 0]]
+    # A subject of two words; the text's end (padding, or none) closes the denial as a break does.
+    assert denied([[5, 6, STOP, 9, 10, AUX, NOT, 0]]) == [[1, 1, 0, 0, 0, 0, 0, 0]]
+    assert denied([[5, 6, STOP, 9, AUX, NOT]]) == [[1, 1, 0, 0, 0, 0]]
+    # A break inside the clause ends the scope there.
+    assert denied([[5, COMMA, 6, 7, STOP, 9, AUX, NOT, STOP]]) == [[0, 0, 1, 1, 0, 0, 0, 0, 0]]
+
+
+def test_a_negation_with_its_verb_or_a_longer_subject_denies_nothing_before_it():
+    assert not any(map(any, denied([[5, 6, STOP, 9, AUX, NOT, 7, STOP, 0],        # "9 was not 7.": verb kept
+                                    [5, 6, STOP, 9, 10, 11, AUX, NOT, STOP],      # a subject of three words
+                                    [5, 6, 9, AUX, NOT, STOP, 0, 0, 0],           # no break before the subject
+                                    [9, AUX, NOT, STOP, 0, 0, 0, 0, 0]])))        # nothing before it
+    assert denied([[AUX]]) == [[0]] and denied([[STOP, AUX, NOT]]) == [[0, 0, 0]]  # shorter than the pattern
+
+
+def test_the_bag_reads_a_denied_clause_as_negated_words():
+    kw = dict(negators=(NOT, T), breaks=(STOP, BUT, COMMA), auxiliaries=(AUX, WASN))
+    bag = NgramBag(VOCAB + 10, 2, 1, BUCKETS, pad_id=0, ellipsis=2, **kw)
+    negating = NgramBag(VOCAB + 10, 2, 1, BUCKETS, pad_id=0, negation=2, **kw)
+
+    def slots(b, review):
+        row = b.slots(torch.tensor([review]))[0]
+        return set(row[row != BUCKETS].tolist())
+
+    # "7, but 9 wasn't." reads 7 as "not 7" does: NOT_7.
+    assert slots(negating, [NOT, 7]) - slots(negating, [NOT]) <= slots(bag, [7, COMMA, BUT, 9, WASN, APOS, T, STOP])
+    assert not slots(bag, [7]) & slots(bag, [7, COMMA, BUT, 9, WASN, APOS, T, STOP])
 
 
 def test_a_negated_word_is_another_word_in_every_family():

@@ -135,6 +135,9 @@ MODEL_SETTINGS = {
     "ngram_negation": Setting("the n-gram branch reads a word up to N tokens after a negator (not, no, never, n't, "
                               "...; up to a comma, full stop or 'but') as another word, NOT_word, in "
                               "every n-gram family; 0 = not"),
+    "ngram_ellipsis": Setting("the n-gram branch also reads the last N words of a clause that a negated auxiliary "
+                              "with its verb left out denies (\"I thought it would be good, but it wasn't.\": "
+                              "NOT_good) as NOT_word; 0 = not"),
 }
 
 

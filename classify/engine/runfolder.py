@@ -160,7 +160,8 @@ class RunFolder:
 
     # ---- starting
     def open(self, config: Any, model: Any, overwrite: bool, resume: bool = False,
-             sized_by_tokenizer: tuple[str, ...] = ("vocab_size", "ngram_negators", "ngram_breaks")) -> bool:
+             sized_by_tokenizer: tuple[str, ...] = ("vocab_size", "ngram_negators", "ngram_breaks",
+                                                     "ngram_auxiliaries")) -> bool:
         """Take the lock, then decide between a fresh run and continuing the one here, for the run
         settings ``config`` (a ``RunConfig``) and the model config ``model``. Returns True when resuming;
         ``resume`` (``--resume``) makes a fresh start an error. Every rank calls it; rank 0 decides.
