@@ -200,6 +200,12 @@ def test_a_run_recorded_before_a_setting_existed_resumes_as_it_trained(parquet_d
     recorded_without("teacher_min_count")
     assert run_cli(main, [*argv, "--max-steps", "10", "--contrast-join-repeat", "1"]) == 2
     assert "differs in: teacher_min_count" in capsys.readouterr().err
+    # A model field: a run from before it has its default (0, off), which the recipe's 4 is not.
+    recorded["model"] = {k: v for k, v in recorded["model"].items() if k != "ngram_ellipsis"}
+    recorded_without()
+    assert run_cli(main, [*argv, "--max-steps", "10"]) == 2
+    assert "differs in: ngram_ellipsis" in capsys.readouterr().err
+    assert main([*argv, "--max-steps", "10", "--ngram-ellipsis", "0", "--resume"]) == 0
 
 
 def test_full_disk_while_saving_is_one_line_and_keeps_last(parquet_data, tmp_path, capsys, monkeypatch):

@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 import socket
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,7 +174,7 @@ class RunFolder:
         """
         def decide() -> bool:
             self.acquire()
-            resuming = self._decide(config, model.to_dict(), overwrite, sized_by_tokenizer)
+            resuming = self._decide(config, model, overwrite, sized_by_tokenizer)
             if resume and not resuming:
                 raise ClassifyError(f"--resume: {self.path} holds no run to continue (leave out --resume to "
                                     f"start one)")
@@ -182,8 +182,7 @@ class RunFolder:
 
         return distributed.on_main(decide)
 
-    def _decide(self, config: Any, model: dict[str, Any], overwrite: bool,
-                sized_by_tokenizer: tuple[str, ...]) -> bool:
+    def _decide(self, config: Any, model: Any, overwrite: bool, sized_by_tokenizer: tuple[str, ...]) -> bool:
         others = [p for p in self.path.iterdir() if p.name != LOCK]
         if not (self.path / CONFIG).exists():
             if others and not overwrite:
@@ -197,7 +196,10 @@ class RunFolder:
         old = read_config(self.path, self.kind)
         old_train, old_model = old.get("train", {}), old.get("model", {})
         diffs = [k for k in type(config).IDENTITY if recorded(config, old_train, k) != getattr(config, k)]
-        diffs += [k for k in model if k not in sized_by_tokenizer and old_model.get(k) != model[k]]
+        # A model field the run's config.json lacks was added later: the run has its default, as loading reads it.
+        before = {f.name: f.default for f in fields(model) if f.default is not MISSING}
+        now = model.to_dict()
+        diffs += [k for k in now if k not in sized_by_tokenizer and old_model.get(k, before.get(k)) != now[k]]
         if diffs:
             raise ClassifyError(f"{self.path} holds a different run (differs in: {', '.join(diffs)}); "
                                 f"choose another --output or pass --overwrite")
