@@ -363,12 +363,13 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     assert [r["variant"] for r in rows] == [recipe.name]
     with pytest.raises(SystemExit):   # a student's fit has no flags to describe it in config.json
         memory_main(["--runs", str(run), "--variants", "student:2:1:0", "--save", str(tmp_path / "grafts")])
-    # --ngram-ellipsis: the branch refitted reading denied clauses, and the graft's config.json says so.
-    assert memory_main(["--runs", str(run), "--variants", "2:1", "--ngram-ellipsis", "4", "--save",
+    # --ngram-ellipsis: the branch refitted reading denied clauses otherwise than the run's (the recipe's 4), and
+    # the graft's config.json says so.
+    assert loaded.model.ngram.ellipsis == 4 and loaded.model.ngram.auxiliaries.numel() > 0
+    assert memory_main(["--runs", str(run), "--variants", "2:1", "--ngram-ellipsis", "0", "--save",
                         str(tmp_path / "grafts"), "--results", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"][0]["saved"]
-    denying = load_run(saved, torch.device("cpu")).model.ngram
-    assert saved.endswith("-ell4") and denying.ellipsis == 4 and denying.auxiliaries.numel() > 0
+    assert saved.endswith("-ell0") and load_run(saved, torch.device("cpu")).model.ngram.ellipsis == 0
 
 
 def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parquet_data, tmp_path):
