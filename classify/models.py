@@ -136,8 +136,8 @@ class ClassifierConfig(_Config):
 # the branch reads a clause denied by an elided negation ("..., but it wasn't.") as negated: with the same two
 # transformers, a verdict negated at the end fails 8 points less often for the model, 73.5 less for the branch
 # alone, IMDB +0.03 (fifty-second session).
-# The negators and breaks are token ids: ``classify.train`` looks them up in the tokenizer it builds
-# (``text.tokenize.NEGATORS`` / ``CLAUSE_BREAKS``).
+# The negators, breaks and auxiliaries are token ids: ``classify.train`` looks them up in the tokenizer it builds
+# (``text.tokenize.NEGATORS`` / ``CLAUSE_BREAKS``, ``text.windows.AUXILIARIES`` + ``CONTRACTED``).
 RECIPE: dict[str, Any] = {"num_layers": 3, "positional": "end+rotary", "attention_dropout": 0.0,
                           "ngram_orders": 3, "ngram_buckets": 16_777_259, "ngram_skip_bigrams": True,
                           "ngram_head": 30, "ngram_tail": 60, "ngram_negation": 4, "ngram_ellipsis": 4}

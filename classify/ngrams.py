@@ -87,7 +87,7 @@ def families(orders: int, skip_bigrams: bool = False, head: int = 0, tail: int =
 
 def describe(kinds: list[Family], negation: int = 0, ellipsis: int = 0) -> str:
     """What a branch reads, in words: "1-3-grams, skip-bigrams, 1-3-grams of the first 30 / last 60 tokens,
-    negation marked over 4 tokens"."""
+    negation marked over 4 tokens, clauses denied by an elided negation over 4 words"."""
     def orders(fs: list[Family]) -> str:
         return f"1-{max(len(f.offsets) for f in fs)}-grams"
 
