@@ -130,14 +130,19 @@ def ellipsis_scope(tokens: Tensor, auxiliaries: Tensor, negators: Tensor, breaks
     ``breaks``: token ids (K,). Comparisons and shifts only, as ``negation_scope``."""
     brk, aux, neg = (_member(tokens, ids) for ids in (breaks, auxiliaries, negators))      # (B, T) each
     end = brk | (tokens == pad_id)                                                        # (B, T)
+    # Each shift once: the 8 forms below read the same few offsets. ``clear``: a token that is no break (none
+    # past the end).
+    brk_at = [_ahead(brk, d, False) for d in range(7)]
+    clear_at = [_ahead(~brk, d, False) for d in range(7)]
     last = torch.zeros_like(brk)       # last[:, i]: the denied clause's last word is token i
     for b in (1, 2):                   # breaks after the clause
         for s in (1, 2):               # words of the subject
             for n in (1, 2):           # the negator's distance from the auxiliary
                 at = b + s + 1         # the auxiliary's distance from the clause's last word
-                found = ~brk & _ahead(aux, at, False) & _ahead(neg, at + n, False) & _ahead(end, at + n + 1, True)
+                found = clear_at[0] & _ahead(aux, at, False) & _ahead(neg, at + n, False) & _ahead(end, at + n + 1,
+                                                                                                   True)
                 for d in range(1, at + n):   # the breaks, then the subject and what lies between aux and negator
-                    found = found & (_ahead(brk, d, False) if d <= b else ~_ahead(brk, d, True))
+                    found = found & (brk_at[d] if d <= b else clear_at[d])
                 last = last | found
     scope = torch.zeros_like(last)
     run = torch.ones_like(last)        # run[:, i]: no break in positions i .. i+d
