@@ -56,8 +56,9 @@ from classify.text.data import unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import token_ids
 from classify.text.windows import AUXILIARIES, CONTRACTED
-from classify.train import LabelledTexts, Validation
+from classify.train import Validation
 from classify.train_config import TrainConfig
+from classify.training_texts import LabelledTexts
 
 from . import add_results_args, results_folder
 from .mix_forms import PAIRS, REVISIONS, validation_of

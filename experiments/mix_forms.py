@@ -55,8 +55,9 @@ from classify.text.data import Examples
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import token_ids
 from classify.text.windows import SENTENCE_ENDS
-from classify.train import Validation, rule_made_examples, transformer_logits
+from classify.train import Validation, transformer_logits
 from classify.train_config import TrainConfig
+from classify.training_texts import rule_made_examples
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results
@@ -120,7 +121,7 @@ def validation_of(path: str, device, dtype, pairs: bool = False) -> tuple[Valida
 
 def validation_pairs(config: TrainConfig, val_texts: list[str]) -> Examples:
     """The counterfactual pairs outside the held-out quarter whose original is a validation review (training
-    leaves them out, ``train.counterfactual_examples``): originals, then revisions."""
+    leaves them out, ``training_texts.counterfactual_examples``): originals, then revisions."""
     if not config.counterfactual:
         raise SystemExit("--counterfactual-pairs needs runs trained with --counterfactual")
     inside, _ = load_pairs(config.counterfactual, held_out=False).by_original(val_texts)

@@ -67,8 +67,8 @@ from classify.text.data import Examples, load_split, normalize, training_split
 from classify.text.review_groups import review_groups
 from classify.text.edits import Lexicon, negation_pairs
 from classify.text.tokenize import CLAUSE_BREAKS, NEGATORS, token_ids, train_tokenizer
-from classify.train import counterfactual_examples
 from classify.train_config import TrainConfig
+from classify.training_texts import counterfactual_examples
 
 from . import add_results_args, results_folder
 from .trainruns import experiment_meta, write_results

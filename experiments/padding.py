@@ -30,7 +30,8 @@ from classify.text.data import training_split, unlabelled_split
 from classify.text.prepare import Preprocessing
 from classify.text.tokenize import load_tokenizer, token_ids
 from classify.text.windows import SENTENCE_ENDS, Elision
-from classify.train import LabelledTexts, TransformerExamples, build_parser, configs_from_args, training_parts
+from classify.train import build_parser, configs_from_args
+from classify.training_texts import LabelledTexts, TransformerExamples, training_parts
 
 from . import add_results_args
 from .attention_precision import models_to_time, timing_record, write_table_report

@@ -30,8 +30,9 @@ from classify.text.data import normalize, training_split
 from classify.text.edits import NEGATION_FORMS, Lexicon, contrast_joins, negation_pairs
 from classify.text.tokenize import token_ids, train_tokenizer
 from classify.text.windows import SENTENCE_ENDS, Elision, closing_passage, closing_sentence, elided_negation
-from classify.train import (ClassificationTask, TrainingPart, TransformerExamples, Validation, main, pair_loss,
-                            rule_made_examples, training_targets, with_windows)
+from classify.train import ClassificationTask, Validation, main, pair_loss
+from classify.training_texts import (TrainingPart, TransformerExamples, rule_made_examples, training_targets,
+                                     with_windows)
 from classify.train_config import TrainConfig
 
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "test_metrics.json",
