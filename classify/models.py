@@ -113,6 +113,7 @@ class ClassifierConfig(_Config):
     ngram_breaks: list[int] = field(default_factory=list)    # token ids that close one (punctuation, "but")
     ngram_ellipsis: int = 0        # ... and the last N words of a clause denied by "..., but it wasn't." (0 = off)
     ngram_auxiliaries: list[int] = field(default_factory=list)  # token ids of the auxiliaries that deny one
+    scope_embedding: bool = False  # the transformer also reads the branch's negation scope (``Classifier.encode``)
 
     def validate(self) -> None:
         super().validate()
@@ -122,6 +123,9 @@ class ClassifierConfig(_Config):
         if min(counts) < 0 or self.ngram_buckets < 1:
             raise ValueError(f"ngram_orders, ngram_head, ngram_tail, ngram_negation and ngram_ellipsis must be "
                              f">= 0 and ngram_buckets >= 1, got {', '.join(map(str, counts))} and {self.ngram_buckets}")
+        if self.scope_embedding and not (self.ngram_orders and (self.ngram_negation or self.ngram_ellipsis)):
+            raise ValueError("scope_embedding marks the words the n-gram branch reads as NOT_word: it needs the "
+                             "branch (ngram_orders) with ngram_negation or ngram_ellipsis")
 
 
 # The model `python -m classify.train` builds (its flags default to these fields; ``ClassifierConfig``'s own
@@ -191,6 +195,8 @@ class Classifier(nn.Module):
         self.ngram = ngram_branch(c) if c.ngram_orders else None
         if self.ngram is not None:
             self.ngram.requires_grad_(False)
+        # Zero at the start, so training starts from the same model as without it.
+        self.scope_vector = nn.Parameter(torch.zeros(c.d_model)) if c.scope_embedding else None
         self.register_buffer("mix", torch.tensor([[1.0, 0.0], [0.0, 0.0]]) if self.ngram is not None else None)
 
     def forward(self, tokens: Tensor, ngram: bool = True) -> Tensor:
@@ -230,9 +236,15 @@ class Classifier(nn.Module):
             tensors[prefix + "mix"] = torch.stack([mix, torch.zeros_like(mix)], dim=1)
 
     def encode(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) -> contextual token vectors (B, T, D)."""
+        """tokens (B, T) -> contextual token vectors (B, T, D). With ``scope_embedding``, each word the n-gram
+        branch reads as NOT_word (``NgramBag.scope``: after a negator, or in a clause an elided negation denies)
+        gets one learned vector added to its embedding: the branch's rule reaches the transformer as an input
+        feature, so a denial with no negator beside the word ("..., but it wasn't.") is marked as "not good" is."""
         mask = padding_mask(tokens, self.config.pad_id) if self.config.mask_padding else None
-        return self.encoder(self.embed(tokens), mask)
+        x = self.embed(tokens)                                                         # (B, T, D)
+        if self.scope_vector is not None:
+            x = x + self.ngram.scope(tokens).unsqueeze(-1).to(x.dtype) * self.scope_vector.to(x.dtype)
+        return self.encoder(x, mask)
 
     def pool(self, hidden: Tensor, tokens: Tensor) -> Tensor:
         """hidden (B, T, D) -> (B, D), pooling over real tokens only (unless ``mask_padding`` is off)."""

@@ -278,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants or []):
         p.error("--save writes MIN:C variants only: a run's config.json cannot describe the others")
+    for path in args.runs if args.ngram_ellipsis is not None else []:
+        _, model = read_model_config(path, KIND, ClassifierConfig)
+        if model.scope_embedding and model.ngram_ellipsis != args.ngram_ellipsis:
+            p.error(f"{path}'s transformer reads its branch's negation scope (--scope-embedding): --ngram-ellipsis "
+                    f"{args.ngram_ellipsis} would change what the transformer reads too")
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
     results = {path: study(path, args.variants, device, dtype, args.save, args.ngram_ellipsis) for path in args.runs}
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])

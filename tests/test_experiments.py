@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -370,6 +371,14 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
                         str(tmp_path / "grafts"), "--results", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"][0]["saved"]
     assert saved.endswith("-ell0") and load_run(saved, torch.device("cpu")).model.ngram.ellipsis == 0
+    # ... refused for a run whose transformer reads the branch's scope: it would no longer be the run's transformer.
+    reads_scope = tmp_path / "reads-scope"
+    shutil.copytree(run, reads_scope)
+    config = json.loads((reads_scope / "config.json").read_text())
+    (reads_scope / "config.json").write_text(json.dumps({**config, "model": {**config["model"],
+                                                                             "scope_embedding": True}}))
+    with pytest.raises(SystemExit):
+        memory_main(["--runs", str(reads_scope), "--ngram-ellipsis", "0"])
 
 
 def test_negation_forms_counts_how_reviews_negate_and_what_the_edits_write(parquet_data, tmp_path):

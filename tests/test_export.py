@@ -45,6 +45,32 @@ def pure_transformer(parquet_data, tmp_path_factory) -> tuple[Path, Path]:
     return root / "run", root / "export"
 
 
+# Denials the scope marks, after a negator and by an elided negation ("..., but it wasn't.").
+DENIED = ["It was not good at all.", "The acting was not boring.", "I thought it would be great, but it wasn't.",
+          "Everyone said the plot was dull. It was not."]
+
+
+@pytest.fixture(scope="module")
+def reads_scope(tmp_path_factory) -> tuple[Path, Path]:
+    """A run whose transformer reads the branch's negation scope (``--scope-embedding``), trained on reviews with
+    denials in them (so that the tokenizer holds the negators), and its export."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from classify.train import main
+
+    root = tmp_path_factory.mktemp("scope")
+    (root / "data").mkdir()
+    for split, n, seed in (("train", 400, 0), ("test", 40, 1)):
+        rows = [(f"{text} {DENIED[i % len(DENIED)]}", label) for i, (text, label) in enumerate(synthetic_reviews(n, seed))]
+        pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}),
+                       root / "data" / f"{split}.parquet")
+    assert main(["--data", str(root / "data"), "--output", str(root / "run"), "--max-steps", "5", *TINY_MODEL_ARGS,
+                 "--scope-embedding"]) == 0
+    assert export_module.main(["--model", str(root / "run"), "--output", str(root / "export")]) == 0
+    return root / "run", root / "export"
+
+
 def reuse_graph(monkeypatch, exported: Path) -> None:
     """The export writes ``exported``'s graph instead of running the exporter (~10 s); the rest of the export (the
     check on ONNX Runtime, quantization, the files, the atomic rename) runs as it is."""
@@ -62,16 +88,32 @@ def batches(run) -> dict[str, np.ndarray]:
             "max_len": pad_batch(longest + ids[:2], 0).numpy()}
 
 
+def assert_same_logits(torch_run, onnx_run, tokens_by_name: dict[str, np.ndarray]) -> None:
+    """ONNX Runtime's logits are PyTorch's to float32's rounding (relative: a run fitted on very easy data has
+    logits in the hundreds)."""
+    for name, tokens in tokens_by_name.items():
+        assert tokens.dtype == np.int64
+        expected, got = torch_run.backend.logits(tokens), onnx_run.backend.logits(tokens)
+        assert got.dtype == np.float32 and got.shape == (len(tokens), 2), name
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=2e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("which", ["ngram branch", "pure transformer"])
 def test_the_exported_model_computes_pytorchs_logits(which, trained_run, exported, pure_transformer):
     run_folder, export_folder = (trained_run, exported) if which == "ngram branch" else pure_transformer
     torch_run, onnx_run = load_run(run_folder, torch.device("cpu")), load_export(export_folder, threads=1)
     assert (torch_run.model.ngram is not None) == (which == "ngram branch")
-    for name, tokens in batches(torch_run).items():
-        assert tokens.dtype == np.int64
-        expected, got = torch_run.backend.logits(tokens), onnx_run.backend.logits(tokens)
-        assert got.dtype == np.float32 and got.shape == (len(tokens), 2), name
-        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0, err_msg=name)
+    assert_same_logits(torch_run, onnx_run, batches(torch_run))
+
+
+def test_an_exported_transformer_reading_the_scope_computes_pytorchs_logits(reads_scope):
+    torch_run, onnx_run = load_run(reads_scope[0], torch.device("cpu")), load_export(reads_scope[1], threads=1)
+    denials = pad_batch(torch_run.preprocessing.ids(DENIED), 0).numpy()
+    assert torch_run.model.ngram.scope(torch.as_tensor(denials)).any(1).all()   # each has words marked
+    assert_same_logits(torch_run, onnx_run, {**batches(torch_run), "denials": denials})
+    with torch.no_grad():   # ... and the vector counts: without it the transformer's logits are others
+        torch_run.model.scope_vector.zero_()
+    assert np.abs(torch_run.backend.logits(denials) - onnx_run.backend.logits(denials)).max() > 1e-4
 
 
 def test_the_graph_holds_the_ngram_table_as_one_float16_column(trained_run, exported):

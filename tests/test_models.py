@@ -111,6 +111,29 @@ def test_without_padding_mask_padding_changes_logits():
     assert not torch.allclose(model(padded), model(tokens), atol=1e-4)
 
 
+def test_the_scope_embedding_marks_for_the_transformer_the_words_the_branch_reads_as_negated():
+    torch.manual_seed(0)
+    NOT, BREAK = 5, 6   # the negator and a clause break of this toy vocabulary
+    model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=64, ngram_orders=1,
+                       ngram_buckets=101, ngram_negation=2, ngram_negators=[NOT], ngram_breaks=[BREAK],
+                       scope_embedding=True).eval()
+    plain = Classifier(model.config.__class__(**{**model.config.to_dict(), "scope_embedding": False})).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "scope_vector"})
+    negated, kept = torch.tensor([[9, NOT, 10, 11, 12, 0]]), torch.tensor([[9, 13, 10, 11, 12, 0]])
+    assert model.ngram.scope(negated).tolist() == [[False, False, True, True, False, False]]
+    # It starts at zero: the transformer is the one without it until training moves the vector.
+    for tokens in (negated, kept):
+        torch.testing.assert_close(model.transformer(tokens), plain.transformer(tokens))
+    nn.init.normal_(model.scope_vector, std=1.0)
+    assert not torch.allclose(model.transformer(negated), plain.transformer(negated), atol=1e-4)
+    torch.testing.assert_close(model.transformer(kept), plain.transformer(kept))   # no scope: nothing added
+    # Padding still changes no real token's output, the scope of a padded text being its own.
+    padded = torch.cat([negated, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(model.transformer(padded), model.transformer(negated), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="scope_embedding marks the words"):
+        Classifier(vocab_size=50, ngram_orders=1, scope_embedding=True)
+
+
 def test_all_padding_row_is_finite():
     model = Classifier(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long))).all()

@@ -138,6 +138,9 @@ MODEL_SETTINGS = {
     "ngram_ellipsis": Setting("the n-gram branch also reads the last N words of a clause that a negated auxiliary "
                               "with its verb left out denies (\"I thought it would be good, but it wasn't.\": "
                               "NOT_good) as NOT_word; 0 = not"),
+    "scope_embedding": Setting("the transformer also reads the n-gram branch's negation scope: a learned vector is "
+                               "added to the embedding of every word the branch reads as NOT_word (needs "
+                               "--ngram-negation or --ngram-ellipsis)"),
 }
 
 
