@@ -2,7 +2,8 @@
 
 ``Classifier``  tokens (B, T) -> Embedding -> Encoder -> masked pooling -> Linear -> logits (B, C)
                 [+ a hashed n-gram bag over the same tokens, mixed in with weights fitted on validation that
-                depend on the text's length]
+                depend on the text's length; with ``scope_embedding`` the embedding also marks the words the bag
+                reads as negated]
 ``Transformer`` src (B, S), tgt (B, T) -> Encoder(src) = memory -> Decoder(tgt, memory) -> logits (B, T, V)
 
 Both are constructible from keyword arguments or from a config dataclass that

@@ -20,6 +20,7 @@ from .text.tokenize import truncate
 from .text.windows import Elision, closing_passage, closing_sentence, elided_negation
 from .train_config import TrainConfig
 
+
 def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
     """The counterfactual pairs --counterfactual trains on (both texts): those outside the held-out quarter whose
     original is no validation review (its revision would tell validation the answer)."""
