@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,15 @@ def synthetic_reviews(n: int, seed: int = 0) -> list[tuple[str, int]]:
     return rows
 
 
-def write_parquet_folder(folder: Path, train: int = 400, test: int = 200) -> Path:
+def write_parquet_folder(folder: Path, train: int = 400, test: int = 200, then: Sequence[str] = ()) -> Path:
+    """Synthetic reviews as train.parquet and test.parquet; each ends with the next of ``then`` (in turn) if given."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder.mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", train, 0), ("test", test, 1)):
-        rows = synthetic_reviews(n, seed)
+        rows = [(f"{text} {then[i % len(then)]}" if then else text, label)
+                for i, (text, label) in enumerate(synthetic_reviews(n, seed))]
         pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}),
                        folder / f"{split}.parquet")
     return folder

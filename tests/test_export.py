@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("onnxruntime", reason="the export extra is not installed (pip install -e '.[export]')")
 
-from conftest import TINY_MODEL_ARGS, synthetic_reviews  # noqa: E402
+from conftest import TINY_MODEL_ARGS, synthetic_reviews, write_parquet_folder  # noqa: E402
 
 from classify import export as export_module  # noqa: E402
 from classify.errors import ClassifyError, run_cli  # noqa: E402
@@ -54,17 +54,10 @@ DENIED = ["It was not good at all.", "The acting was not boring.", "I thought it
 def reads_scope(tmp_path_factory) -> tuple[Path, Path]:
     """A run whose transformer reads the branch's negation scope (``--scope-embedding``), trained on reviews with
     denials in them (so that the tokenizer holds the negators), and its export."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from classify.train import main
 
     root = tmp_path_factory.mktemp("scope")
-    (root / "data").mkdir()
-    for split, n, seed in (("train", 400, 0), ("test", 40, 1)):
-        rows = [(f"{text} {DENIED[i % len(DENIED)]}", label) for i, (text, label) in enumerate(synthetic_reviews(n, seed))]
-        pq.write_table(pa.table({"text": [t for t, _ in rows], "label": [y for _, y in rows]}),
-                       root / "data" / f"{split}.parquet")
+    write_parquet_folder(root / "data", test=40, then=DENIED)
     assert main(["--data", str(root / "data"), "--output", str(root / "run"), "--max-steps", "5", *TINY_MODEL_ARGS,
                  "--scope-embedding"]) == 0
     assert export_module.main(["--model", str(root / "run"), "--output", str(root / "export")]) == 0
