@@ -115,6 +115,7 @@ class ClassifierConfig(_Config):
     ngram_ellipsis: int = 0        # ... and the last N words of a clause denied by "..., but it wasn't." (0 = off)
     ngram_auxiliaries: list[int] = field(default_factory=list)  # token ids of the auxiliaries that deny one
     scope_embedding: bool = False  # the transformer also reads the branch's negation scope (``Classifier.encode``)
+    scope_dropout: float = 0.0     # ... in training, each text without the mark at this probability
 
     def validate(self) -> None:
         super().validate()
@@ -127,6 +128,9 @@ class ClassifierConfig(_Config):
         if self.scope_embedding and not (self.ngram_orders and (self.ngram_negation or self.ngram_ellipsis)):
             raise ValueError("scope_embedding marks the words the n-gram branch reads as NOT_word: it needs the "
                              "branch (ngram_orders) with ngram_negation or ngram_ellipsis")
+        if not 0 <= self.scope_dropout < 1 or (self.scope_dropout and not self.scope_embedding):
+            raise ValueError(f"scope_dropout leaves the scope_embedding's mark off a share of training texts: it "
+                             f"needs scope_embedding and 0 <= scope_dropout < 1, got {self.scope_dropout}")
 
 
 # The model `python -m classify.train` builds (its flags default to these fields; ``ClassifierConfig``'s own
@@ -240,11 +244,18 @@ class Classifier(nn.Module):
         """tokens (B, T) -> contextual token vectors (B, T, D). With ``scope_embedding``, each word the n-gram
         branch reads as NOT_word (``NgramBag.scope``: after a negator, or in a clause an elided negation denies)
         gets one learned vector added to its embedding: the branch's rule reaches the transformer as an input
-        feature, so a denial with no negator beside the word ("..., but it wasn't.") is marked as "not good" is."""
+        feature, so a denial with no negator beside the word ("..., but it wasn't.") is marked as "not good" is.
+        In training, ``scope_dropout`` leaves the mark off whole texts at random, so the transformer also keeps
+        reading negation from the words themselves (a reader less like the branch, and one that still reads a
+        negation the rule does not reach)."""
         mask = padding_mask(tokens, self.config.pad_id) if self.config.mask_padding else None
         x = self.embed(tokens)                                                         # (B, T, D)
         if self.scope_vector is not None:
-            x = x + self.ngram.scope(tokens).unsqueeze(-1).to(x.dtype) * self.scope_vector.to(x.dtype)
+            marked = self.ngram.scope(tokens)                                          # (B, T) bool
+            if self.training and self.config.scope_dropout:
+                kept = torch.rand(len(tokens), 1, device=tokens.device) >= self.config.scope_dropout  # (B, 1)
+                marked = marked & kept
+            x = x + marked.unsqueeze(-1).to(x.dtype) * self.scope_vector.to(x.dtype)
         return self.encoder(x, mask)
 
     def pool(self, hidden: Tensor, tokens: Tensor) -> Tensor:

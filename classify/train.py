@@ -53,7 +53,7 @@ from .training_texts import LabelledTexts, TransformerExamples, training_parts
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
-               "ngram_tail", "ngram_negation", "ngram_ellipsis", "scope_embedding")
+               "ngram_tail", "ngram_negation", "ngram_ellipsis", "scope_embedding", "scope_dropout")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -578,8 +578,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in examples.windows.items())
-                + ("; each word the n-gram branch reads as NOT_word also marked for it (--scope-embedding)"
-                   if model_config.scope_embedding else "")
+                + ("; each word the n-gram branch reads as NOT_word also marked for it (--scope-embedding"
+                   + (f", off a text at probability {model_config.scope_dropout})" if model_config.scope_dropout
+                      else ")") if model_config.scope_embedding else "")
                 + f"; peak memory {peak_memory()}")
     if config.finish_within is not None and not resuming:
         config.time_budget = distributed.on_main(lambda: plan_training_time(

@@ -134,6 +134,34 @@ def test_the_scope_embedding_marks_for_the_transformer_the_words_the_branch_read
         Classifier(vocab_size=50, ngram_orders=1, scope_embedding=True)
 
 
+def test_scope_dropout_leaves_the_mark_off_whole_texts_in_training_only():
+    torch.manual_seed(0)
+    NOT, BREAK = 5, 6
+    model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.0, ngram_orders=1,
+                       ngram_buckets=101, ngram_negation=2, ngram_negators=[NOT], ngram_breaks=[BREAK],
+                       scope_embedding=True, scope_dropout=0.5)
+    nn.init.normal_(model.scope_vector, std=1.0)
+    negated = torch.tensor([[9, NOT, 10, 11, 12, 0]]).expand(64, -1)
+    model.eval()
+    marked = model.transformer(negated)[0]
+    with torch.no_grad():
+        saved = model.scope_vector.clone()
+        model.scope_vector.zero_()
+        unmarked = model.transformer(negated[:1])[0]
+        model.scope_vector.copy_(saved)
+    model.train()   # no other dropout: the only randomness is the mark's
+    logits = model.transformer(negated)
+    is_marked = torch.isclose(logits, marked, atol=1e-5).all(dim=1)
+    is_unmarked = torch.isclose(logits, unmarked, atol=1e-5).all(dim=1)
+    assert (is_marked ^ is_unmarked).all()                 # each text all marked or not at all
+    assert 16 <= int(is_unmarked.sum()) <= 48              # about half of 64 at p = 0.5
+    model.eval()
+    torch.testing.assert_close(model.transformer(negated), marked.expand(64, -1))   # never at inference
+    for bad in ({"scope_dropout": 1.0}, {"scope_dropout": 0.5, "scope_embedding": False}):
+        with pytest.raises(ValueError, match="scope_dropout leaves"):
+            Classifier(model.config.__class__(**{**model.config.to_dict(), **bad}))
+
+
 def test_all_padding_row_is_finite():
     model = Classifier(vocab_size=20, d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
     assert torch.isfinite(model(torch.zeros(2, 4, dtype=torch.long))).all()

@@ -141,6 +141,9 @@ MODEL_SETTINGS = {
     "scope_embedding": Setting("the transformer also reads the n-gram branch's negation scope: a learned vector is "
                                "added to the embedding of every word the branch reads as NOT_word (needs "
                                "--ngram-negation or --ngram-ellipsis)"),
+    "scope_dropout": Setting("with --scope-embedding: in training, each text goes without the mark at this "
+                             "probability, so the transformer also learns to read negation from the words "
+                             "(0 = always marked)"),
 }
 
 
