@@ -578,9 +578,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in examples.windows.items())
-                + ("; each word the n-gram branch reads as NOT_word also marked for it (--scope-embedding"
-                   + (f", off a text at probability {model_config.scope_dropout})" if model_config.scope_dropout
-                      else ")") if model_config.scope_embedding else "")
+                + (f"; each word the n-gram branch reads as NOT_word also marked for it (--scope-embedding"
+                   f"{f', off a text at probability {p}' if (p := model_config.scope_dropout) else ''})"
+                   if model_config.scope_embedding else "")
                 + f"; peak memory {peak_memory()}")
     if config.finish_within is not None and not resuming:
         config.time_budget = distributed.on_main(lambda: plan_training_time(
