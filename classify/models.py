@@ -212,14 +212,17 @@ class Classifier(nn.Module):
             return self.transformer(tokens)
         return self.mixed(self.branches(tokens))
 
-    def transformer(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) -> the transformer branch's logits (B, C): encoder, pooling over real tokens, head."""
-        return self.head(self.pool(self.encode(tokens), tokens))
+    def transformer(self, tokens: Tensor, scope: Tensor | None = None) -> Tensor:
+        """tokens (B, T) -> the transformer branch's logits (B, C): encoder, pooling over real tokens, head.
+        ``scope``: as in ``encode``."""
+        return self.head(self.pool(self.encode(tokens, scope), tokens))
 
     def branches(self, tokens: Tensor) -> BranchLogits:
         """tokens (B, T) -> each branch's logits before the mix (see ``BranchLogits``)."""
-        logits = self.transformer(tokens)
-        ngram = self.ngram(tokens).to(logits.dtype) if self.ngram is not None else None
+        # The negation scope is read once, by the branch and (with ``scope_embedding``) by the transformer.
+        scope = self.ngram.scope(tokens) if self.ngram is not None else None                  # (B, T) bool
+        logits = self.transformer(tokens, scope)
+        ngram = self.ngram(tokens, scope).to(logits.dtype) if self.ngram is not None else None
         return BranchLogits(logits, ngram, (tokens != self.config.pad_id).sum(dim=1))
 
     def mix_weights(self, lengths: Tensor) -> Tensor:
@@ -240,18 +243,19 @@ class Classifier(nn.Module):
         if mix is not None and mix.dim() == 1:
             tensors[prefix + "mix"] = torch.stack([mix, torch.zeros_like(mix)], dim=1)
 
-    def encode(self, tokens: Tensor) -> Tensor:
+    def encode(self, tokens: Tensor, scope: Tensor | None = None) -> Tensor:
         """tokens (B, T) -> contextual token vectors (B, T, D). With ``scope_embedding``, each word the n-gram
         branch reads as NOT_word (``NgramBag.scope``: after a negator, or in a clause an elided negation denies)
         gets one learned vector added to its embedding: the branch's rule reaches the transformer as an input
         feature, so a denial with no negator beside the word ("..., but it wasn't.") is marked as "not good" is.
         In training, ``scope_dropout`` leaves the mark off whole texts at random, so the transformer also keeps
         reading negation from the words themselves (a reader less like the branch, and one that still reads a
-        negation the rule does not reach)."""
+        negation the rule does not reach). ``scope``: the branch's ``NgramBag.scope(tokens)`` when the caller has
+        it already; None reads it here."""
         mask = padding_mask(tokens, self.config.pad_id) if self.config.mask_padding else None
         x = self.embed(tokens)                                                         # (B, T, D)
         if self.scope_vector is not None:
-            marked = self.ngram.scope(tokens)                                          # (B, T) bool
+            marked = self.ngram.scope(tokens) if scope is None else scope              # (B, T) bool
             if self.training and self.config.scope_dropout:
                 kept = torch.rand(len(tokens), 1, device=tokens.device) >= self.config.scope_dropout  # (B, 1)
                 marked = marked & kept

@@ -283,8 +283,11 @@ class NgramBag(nn.Module):
             scope = denied if scope is None else scope | denied
         return scope
 
-    def slots(self, tokens: Tensor) -> Tensor:
-        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds, self.scope(tokens))
+    def slots(self, tokens: Tensor, scope: Tensor | None = None) -> Tensor:
+        """tokens (B, T) -> each text's distinct slots (B, L), the padding slot ``buckets`` after them; ``scope``:
+        ``self.scope(tokens)`` when the caller has it already (None reads it here)."""
+        return ngram_ids(tokens, self.pad_id, self.vocab_size, self.buckets, self.kinds,
+                         self.scope(tokens) if scope is None else scope)
 
     def upgrade_state(self, tensors: dict[str, Tensor], prefix: str) -> None:
         """Weights written before the scale was folded in hold ``weight`` (buckets + 1, C) and ``scale``
@@ -315,11 +318,12 @@ class NgramBag(nn.Module):
                 shares[positions] += float(value[slot]) / (len(where) * len(positions))
         return shares
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens (B, T) -> logits (B, C)."""
+    def forward(self, tokens: Tensor, scope: Tensor | None = None) -> Tensor:
+        """tokens (B, T) -> logits (B, C); ``scope`` as in ``slots``."""
+        slots = self.slots(tokens, scope)                                               # (B, L)
         if self.column is None:
-            return slot_sum(self.weight, self.slots(tokens), self.buckets) + self.bias
-        half = slot_sum(self.column, self.slots(tokens), self.buckets)                 # (B,)
+            return slot_sum(self.weight, slots, self.buckets) + self.bias
+        half = slot_sum(self.column, slots, self.buckets)                              # (B,)
         return torch.stack([-half, half], dim=1) + self.bias
 
 

@@ -111,7 +111,7 @@ def test_without_padding_mask_padding_changes_logits():
     assert not torch.allclose(model(padded), model(tokens), atol=1e-4)
 
 
-def test_the_scope_embedding_marks_for_the_transformer_the_words_the_branch_reads_as_negated():
+def test_the_scope_embedding_marks_for_the_transformer_the_words_the_branch_reads_as_negated(monkeypatch):
     torch.manual_seed(0)
     NOT, BREAK = 5, 6   # the negator and a clause break of this toy vocabulary
     model = Classifier(vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=64, ngram_orders=1,
@@ -130,6 +130,13 @@ def test_the_scope_embedding_marks_for_the_transformer_the_words_the_branch_read
     # Padding still changes no real token's output, the scope of a padded text being its own.
     padded = torch.cat([negated, torch.zeros(1, 5, dtype=torch.long)], dim=1)
     torch.testing.assert_close(model.transformer(padded), model.transformer(negated), rtol=1e-5, atol=1e-6)
+    # The model reads the scope once for both branches and gets what each branch gets reading it on its own.
+    calls, read = [], model.ngram.scope
+    monkeypatch.setattr(model.ngram, "scope", lambda tokens: calls.append(tokens) or read(tokens))
+    parts = model.branches(negated)
+    assert len(calls) == 1
+    torch.testing.assert_close(parts.transformer, model.transformer(negated))
+    torch.testing.assert_close(parts.ngram, model.ngram(negated))
     with pytest.raises(ValueError, match="scope_embedding marks the words"):
         Classifier(vocab_size=50, ngram_orders=1, scope_embedding=True)
 
