@@ -105,7 +105,8 @@ def models_to_time(run: Path | None) -> dict[str, Classifier]:
     """The recipe's transformer (no n-gram branch) with its initial weights (seed 0) and, given ``run``, with that
     run's trained weights."""
     torch.manual_seed(0)
-    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **{**RECIPE, "ngram_orders": 0}))}
+    alone = {**RECIPE, "ngram_orders": 0, "scope_embedding": False, "scope_dropout": 0.0}   # no branch, no scope
+    models = {"initial weights": Classifier(ClassifierConfig(vocab_size=30_000, **alone))}
     if run:
         models[f"weights of {run.name}"] = load_run(run, torch.device("cpu")).model
     return models

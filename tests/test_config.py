@@ -69,6 +69,21 @@ def test_a_training_cut_at_or_above_max_len_cuts_nothing_and_is_recorded_as_no_c
     assert cuts == [256, None, None, None]   # None: as runs from before the flag recorded (test_loop resumes one)
 
 
+def test_the_recipe_hands_the_branch_negation_scope_to_the_transformer_where_there_is_one():
+    def scope(*flags: str) -> tuple[bool, float]:
+        model, _ = train.configs_from_args(train.build_parser().parse_args(["--output", "x", *flags]))
+        return model.scope_embedding, model.scope_dropout
+
+    assert scope() == (True, 0.25)                                         # the recipe
+    assert scope("--ngram-orders", "0") == (False, 0.0)                    # no branch: nothing to read
+    assert scope("--ngram-negation", "0", "--ngram-ellipsis", "0") == (False, 0.0)   # a branch that marks nothing
+    assert scope("--ngram-negation", "0") == (True, 0.25)                  # the ellipsis rule still marks
+    assert scope("--no-scope-embedding") == (False, 0.0)
+    assert scope("--scope-dropout", "0.5") == (True, 0.5)
+    with pytest.raises(ClassifyError, match="scope_embedding marks the words"):
+        scope("--ngram-orders", "0", "--scope-embedding")                  # asked for, so not dropped silently
+
+
 def test_old_spellings_still_work():
     parse = train.build_parser().parse_args
     old = parse(["--output", "x", "--heads", "2", "--layers", "3", "--post-ln", "--no-padding-mask"])

@@ -166,8 +166,11 @@ def test_init_from_loads_exactly_the_pretrained_encoder(pretrained_run, unlabell
     start = seen["state"]
     encoder = [k for k in start if k.startswith(("embed.", "encoder."))]
     assert encoder and all(torch.equal(start[k], pretrained[k]) for k in encoder)
-    # A fresh head, and the default n-gram branch fitted on the labelled reviews (not pretrained).
-    assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "mix"}
+    # A fresh head, the default n-gram branch fitted on the labelled reviews and the vector that marks its negation
+    # scope for the transformer (zero at the start): not pretrained.
+    assert set(start) - set(encoder) == {"head.weight", "head.bias", "ngram.weight", "ngram.bias", "mix",
+                                         "scope_vector"}
+    assert not start["scope_vector"].any()
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["init_from"] == str(pretrained_run) and config["train"]["lr"] == 3e-4
     assert config["train"]["word_vectors"] is False  # the recipe's default start; the embedding is pretrained

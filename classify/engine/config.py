@@ -140,10 +140,11 @@ MODEL_SETTINGS = {
                               "NOT_good) as NOT_word; 0 = not"),
     "scope_embedding": Setting("the transformer also reads the n-gram branch's negation scope: a learned vector is "
                                "added to the embedding of every word the branch reads as NOT_word (needs "
-                               "--ngram-negation or --ngram-ellipsis)"),
+                               "--ngram-negation or --ngram-ellipsis; classify.train's default: on where the "
+                               "branch marks negation, off without)"),
     "scope_dropout": Setting("with --scope-embedding: in training, each text goes without the mark at this "
                              "probability, so the transformer also learns to read negation from the words "
-                             "(0 = always marked)"),
+                             "(0 = always marked; classify.train's default: 0.25 with --scope-embedding)"),
 }
 
 
