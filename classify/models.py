@@ -117,6 +117,11 @@ class ClassifierConfig(_Config):
     scope_embedding: bool = False  # the transformer also reads the branch's negation scope (``Classifier.encode``)
     scope_dropout: float = 0.0     # ... in training, each text without the mark at this probability
 
+    @property
+    def marks_negation(self) -> bool:
+        """Whether the n-gram branch reads some words as NOT_word: the scope ``scope_embedding`` hands on."""
+        return bool(self.ngram_orders and (self.ngram_negation or self.ngram_ellipsis))
+
     def validate(self) -> None:
         super().validate()
         if self.pooling not in POOLINGS:
@@ -125,7 +130,7 @@ class ClassifierConfig(_Config):
         if min(counts) < 0 or self.ngram_buckets < 1:
             raise ValueError(f"ngram_orders, ngram_head, ngram_tail, ngram_negation and ngram_ellipsis must be "
                              f">= 0 and ngram_buckets >= 1, got {', '.join(map(str, counts))} and {self.ngram_buckets}")
-        if self.scope_embedding and not (self.ngram_orders and (self.ngram_negation or self.ngram_ellipsis)):
+        if self.scope_embedding and not self.marks_negation:
             raise ValueError("scope_embedding marks the words the n-gram branch reads as NOT_word: it needs the "
                              "branch (ngram_orders) with ngram_negation or ngram_ellipsis")
         if not 0 <= self.scope_dropout < 1 or (self.scope_dropout and not self.scope_embedding):

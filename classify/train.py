@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
-    # The flags build the shipped model by default; the scope's two are resolved from the others (``recipe_scope``).
+    # The flags build the shipped model by default; the scope's two are resolved from the others
+    # (``resolve_recipe_scope``).
     add_flags(g, ClassifierConfig, MODEL_FLAGS, defaults={**RECIPE, "scope_embedding": None, "scope_dropout": None})
     add_flags(g, TrainConfig, ["ngram_c", "ngram_min_count", "teacher_min_count", "ngram_self_train", "ngram_refit",
                                "pseudo_labels", "soft_labels", "pseudo_label_weight", "self_label_share",
@@ -94,14 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def recipe_scope(args: argparse.Namespace) -> dict[str, Any]:
-    """--scope-embedding and --scope-dropout as given, or where left unsaid the recipe's: the transformer reads the
-    n-gram branch's negation scope (``RECIPE``) when the model has a branch that marks one, and nothing without
+def resolve_recipe_scope(model: ClassifierConfig) -> None:
+    """--scope-embedding and --scope-dropout as given, or where left unsaid (None) the recipe's: the transformer reads
+    the n-gram branch's negation scope (``RECIPE``) when the model has a branch that marks one, and nothing without
     (--ngram-orders 0, or neither --ngram-negation nor --ngram-ellipsis): an ablation needs no third flag."""
-    marks = bool(args.ngram_orders and (args.ngram_negation or args.ngram_ellipsis))
-    embedding = RECIPE["scope_embedding"] and marks if args.scope_embedding is None else args.scope_embedding
-    dropout = (RECIPE["scope_dropout"] if embedding else 0.0) if args.scope_dropout is None else args.scope_dropout
-    return {"scope_embedding": embedding, "scope_dropout": dropout}
+    if model.scope_embedding is None:
+        model.scope_embedding = RECIPE["scope_embedding"] and model.marks_negation
+    if model.scope_dropout is None:
+        model.scope_dropout = RECIPE["scope_dropout"] if model.scope_embedding else 0.0
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, TrainConfig]:
@@ -109,7 +110,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ClassifierConfig, Train
     once the tokenizer exists: ``negation_tokens``.)"""
     config = from_args(TrainConfig, args)
     model = from_args(ClassifierConfig, args, vocab_size=config.vocab_size, num_classes=len(LABEL_NAMES),
-                      ngram_negators=[], ngram_breaks=[], ngram_auxiliaries=[], **recipe_scope(args))
+                      ngram_negators=[], ngram_breaks=[], ngram_auxiliaries=[])
+    resolve_recipe_scope(model)
     if config.train_max_len is not None and config.train_max_len >= model.max_len:
         config.train_max_len = None   # cuts nothing: recorded as no cut, as runs from before the flag read
     config.validate(model)
