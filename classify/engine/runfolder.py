@@ -195,14 +195,17 @@ class RunFolder:
             return False
         old = read_config(self.path, self.kind)
         old_train, old_model = old.get("train", {}), old.get("model", {})
-        diffs = [k for k in type(config).IDENTITY if recorded(config, old_train, k) != getattr(config, k)]
+        # Each differing setting: (the run's value, this command's).
+        diffs = {k: (recorded(config, old_train, k), getattr(config, k)) for k in type(config).IDENTITY}
         # A model field the run's config.json lacks was added later: the run has its default, as loading reads it.
         before = {f.name: f.default for f in fields(model) if f.default is not MISSING}
         now = model.to_dict()
-        diffs += [k for k in now if k not in sized_by_tokenizer and old_model.get(k, before.get(k)) != now[k]]
-        if diffs:
-            raise ClassifyError(f"{self.path} holds a different run (differs in: {', '.join(diffs)}); "
-                                f"choose another --output or pass --overwrite")
+        diffs.update({k: (old_model.get(k, before.get(k)), now[k]) for k in now if k not in sized_by_tokenizer})
+        named = [f"{k} ({old!r} there, {new!r} here)" for k, (old, new) in diffs.items() if old != new]
+        if named:
+            raise ClassifyError(f"{self.path} holds a different run (differs in: {', '.join(named)}); pass the "
+                                f"settings it was started with to resume it, choose another --output or pass "
+                                f"--overwrite")
         return (self.path / LAST / "state.json").exists() or (self.path / WEIGHTS).exists()
 
     def record(self, resuming: bool, tokenizer: Tokenizer, config: Any, model: Any, **extra: Any) -> None:
