@@ -47,6 +47,7 @@ from .text.data import (LABEL_NAMES, Examples, default_source, default_val_size,
 from .text.prepare import Preprocessing, TokenIds
 from .text.tokenize import CLAUSE_BREAKS, NEGATORS, load_tokenizer, token_ids, train_tokenizer
 from .text.windows import AUXILIARIES, CONTRACTED, SENTENCE_ENDS, Elision, closing_sentences
+from .text.swaps import antonyms, log_count_ratios, swapped_reviews
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
 from .training_texts import LabelledTexts, TransformerExamples, training_parts
@@ -73,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
-                               "contrast_join_repeat"],
+                               "contrast_join_repeat", "swapped_reviews"],
               defaults={"data": default_source()})
     add_flags(g, ClassifierConfig, ["max_len"])
     g = p.add_argument_group("model")
@@ -435,18 +436,36 @@ def saved_pseudo_labels(run: RunFolder, count: int, num_classes: int) -> np.ndar
     return labels
 
 
-def start_from_word_vectors(model: Classifier, ids: list[TokenIds], seed: int, console: Console) -> None:
+def start_from_word_vectors(model: Classifier, ids: list[TokenIds], seed: int, console: Console,
+                            vectors: np.ndarray | None = None) -> None:
     """``--word-vectors``: the token embedding's rows start from word vectors counted from ``ids``
-    (``text.word_vectors``); a word those texts do not hold keeps its random start, and so does the padding row."""
+    (``text.word_vectors``; ``vectors``, when given, are those, counted already); a word those texts do not hold
+    keeps its random start, and so does the padding row."""
     t0 = time.monotonic()
     weight = model.embed.tokens.weight
-    vectors = torch.from_numpy(word_vectors(ids, weight.shape[0], weight.shape[1], seed))
+    vectors = torch.from_numpy(word_vectors(ids, weight.shape[0], weight.shape[1], seed) if vectors is None
+                               else vectors)
     known = vectors.abs().sum(dim=1) > 0
     known[model.config.pad_id] = False
     with torch.no_grad():
         weight[known] = vectors[known].to(weight.device, weight.dtype)
     console.log(f"token embedding: {int(known.sum())} of {len(known)} rows start from word vectors of "
                 f"{len(ids)} texts, {time.monotonic() - t0:.1f}s; peak memory {peak_memory()}")
+
+
+def swaps_of(tokenizer, train_ids: list[TokenIds], labels: list[int], vectors: np.ndarray,
+             console: Console) -> tuple[list[TokenIds], list[int]]:
+    """``--swapped-reviews``: the training reviews' swapped copies (``text.swaps``), their partners found in
+    ``vectors`` among the tokens that are words."""
+    ratio, docs = log_count_ratios(train_ids, labels, len(vectors))
+    words = np.array([(tokenizer.id_to_token(i) or "").isalpha() for i in range(len(vectors))])
+    partner = antonyms(vectors, ratio, docs, words)
+    swapped = swapped_reviews(train_ids, labels, partner, ratio)
+    named = ", ".join(f"{tokenizer.id_to_token(i)} -> {tokenizer.id_to_token(int(partner[i]))}"
+                      for i in np.argsort(-docs) if partner[i] >= 0)[:160]
+    console.log(f"swapped reviews: {len(swapped[0])} of {len(train_ids)} training reviews, {int((partner >= 0).sum())} "
+                f"words exchanged ({named}, ...)")
+    return swapped
 
 
 # The polarity direction's entries: their root mean square over the words with a weight. Twice a word vector's
@@ -573,13 +592,18 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                                                                       (val_ids, val_set.labels), validation,
                                                                       unlabelled_ids, console))
         validation.ngram = distributed.broadcast_object(validation.ngram)
+    vectors, swaps = None, ([], [])
+    if config.swapped_reviews:   # every rank, and on resume: the training texts must be the same everywhere
+        vectors = word_vectors(train_ids + unlabelled_ids, model_config.vocab_size, model_config.d_model, config.seed)
+        swaps = swaps_of(tokenizer, train_ids, train_set.labels, vectors, console)
     if config.word_vectors and not resuming:  # rank 0 alone, as stage 1; on resume last/ holds the trained rows
-        distributed.on_main(lambda: start_from_word_vectors(model, train_ids + unlabelled_ids, config.seed, console))
+        distributed.on_main(lambda: start_from_word_vectors(model, train_ids + unlabelled_ids, config.seed, console,
+                                                            vectors))
     if config.word_polarity and not resuming:   # after the word vectors: the direction is carved out of them
         distributed.on_main(lambda: start_from_word_polarity(model, polarity, config.seed, console))
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
     parts = training_parts(config, (train_ids, train_set.labels), (counterfactual_ids, texts.counterfactual.labels),
-                           (edit_ids, texts.edits.labels), (join_ids, texts.joins.labels))
+                           (edit_ids, texts.edits.labels), (join_ids, texts.joins.labels), swaps)
     examples = TransformerExamples.build(parts, unlabelled_ids[: len(given)], given, config,
                                          ends, Elision.of(tokenizer))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
@@ -588,6 +612,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                 + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
                    + parts[2].describe_pairs() if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")
+                + (f", {len(swaps[0])} swapped reviews x {config.swapped_reviews}" if config.swapped_reviews else "")
                 + (f", {len(given)} pseudo-labelled reviews" + (" (the teacher's probabilities as targets)"
                                                                  if config.soft_labels else "") if len(given) else "")
                 + "".join(f", {n} {name}" for name, n in examples.windows.items())

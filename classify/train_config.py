@@ -213,6 +213,11 @@ class TrainConfig(ReviewRunConfig):
                                            "joins right over three seeds, three times 96-99%% "
                                            "(experiments/RESULTS.md)",
                                         check=positive, absent=1)
+    swapped_reviews: int = setting(0, "times per epoch the transformer sees a copy of each labelled review with its "
+                                      "polar words exchanged for their nearest words of the other polarity, under "
+                                      "the other label (text.swaps: counterfactuals made by machine; a copy the "
+                                      "words' ratios do not read as the other label is left out); 0: none",
+                                   check=non_negative, absent=0)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",
                                            "word_vectors", "word_polarity", "split", "ngram_c", "ngram_min_count",
@@ -222,7 +227,7 @@ class TrainConfig(ReviewRunConfig):
                                            "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                            "contrast_joins", "counterfactual", "counterfactual_repeat",
                                            "counterfactual_pair_weight", "negation_edit_repeat",
-                                           "negation_edit_pair_weight", "contrast_join_repeat")
+                                           "negation_edit_pair_weight", "contrast_join_repeat", "swapped_reviews")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)
@@ -234,6 +239,8 @@ class TrainConfig(ReviewRunConfig):
         if self.word_polarity and not ((model.ngram_orders or self.pseudo_labels) and model.num_classes == 2):
             raise ClassifyError("--word-polarity reads each word's weight in the n-gram fit of stage 1 as one number: "
                                 "it needs the n-gram branch (--ngram-orders > 0) or --pseudo-labels, and two classes")
+        if self.swapped_reviews and model.num_classes != 2:
+            raise ClassifyError("--swapped-reviews exchanges positive words for negative ones: it needs two classes")
         if self.finish_within is not None and self.time_budget is not None:
             raise ClassifyError("--finish-within sets the training minutes from the whole command's; --time-budget "
                                 "gives them: pass one of them")

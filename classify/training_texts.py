@@ -110,14 +110,16 @@ class TrainingPart:
 
 def training_parts(config: TrainConfig, reviews: tuple[list[TokenIds], list[int]],
                    counterfactual: tuple[list[TokenIds], list[int]], edits: tuple[list[TokenIds], list[int]],
-                   joins: tuple[list[TokenIds], list[int]]) -> list[TrainingPart]:
+                   joins: tuple[list[TokenIds], list[int]],
+                   swaps: tuple[list[TokenIds], list[int]] = ([], [])) -> list[TrainingPart]:
     """Stage 2's labelled parts, each (token ids, labels): the labelled reviews once, then the counterfactual texts
-    (originals, then revisions), the negation edits (sentence, edit, sentence, ...) and the contrast joins, each
-    seen as often as ``config`` says."""
+    (originals, then revisions), the negation edits (sentence, edit, sentence, ...), the contrast joins and the
+    swapped reviews (``text.swaps``), each seen as often as ``config`` says."""
     return [TrainingPart(*reviews),
             TrainingPart.of(*counterfactual, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
             TrainingPart.of(*edits, config.negation_edit_repeat, config.negation_edit_pair_weight, "alternate"),
-            TrainingPart(*joins, config.contrast_join_repeat)]
+            TrainingPart(*joins, config.contrast_join_repeat),
+            TrainingPart(*swaps, config.swapped_reviews)]
 
 
 TEACHER_FLOOR = 1e-6   # the least probability a teacher's soft target gives a class (training_targets)
