@@ -443,29 +443,34 @@ def start_from_word_vectors(model: Classifier, ids: list[TokenIds], seed: int, c
     keeps its random start, and so does the padding row."""
     t0 = time.monotonic()
     weight = model.embed.tokens.weight
-    vectors = torch.from_numpy(word_vectors(ids, weight.shape[0], weight.shape[1], seed) if vectors is None
-                               else vectors)
+    counted = vectors is None
+    vectors = torch.from_numpy(word_vectors(ids, weight.shape[0], weight.shape[1], seed) if counted else vectors)
     known = vectors.abs().sum(dim=1) > 0
     known[model.config.pad_id] = False
     with torch.no_grad():
         weight[known] = vectors[known].to(weight.device, weight.dtype)
     console.log(f"token embedding: {int(known.sum())} of {len(known)} rows start from word vectors of "
-                f"{len(ids)} texts, {time.monotonic() - t0:.1f}s; peak memory {peak_memory()}")
+                f"{len(ids)} texts" + (f", {time.monotonic() - t0:.1f}s" if counted else " (counted for the swapped "
+                                       "reviews)") + f"; peak memory {peak_memory()}")
 
 
-def swaps_of(tokenizer, train_ids: list[TokenIds], labels: list[int], vectors: np.ndarray,
-             console: Console) -> tuple[list[TokenIds], list[int]]:
-    """``--swapped-reviews``: the training reviews' swapped copies (``text.swaps``), their partners found in
-    ``vectors`` among the tokens that are words."""
+def swaps_of(tokenizer, train_ids: list[TokenIds], labels: list[int], unlabelled_ids: list[TokenIds],
+             config: ClassifierConfig, seed: int, console: Console) -> tuple[tuple[list[TokenIds], list[int]],
+                                                                             np.ndarray]:
+    """``--swapped-reviews``: the training reviews' swapped copies (``text.swaps``) and the word vectors (V, d_model)
+    their partners were found in, counted from the training and unlabelled reviews as ``--word-vectors`` counts
+    them (so the embedding starts from the same ones), among the tokens that are words."""
+    t0 = time.monotonic()
+    vectors = word_vectors(train_ids + unlabelled_ids, config.vocab_size, config.d_model, seed)
     ratio, docs = log_count_ratios(train_ids, labels, len(vectors))
     words = np.array([(tokenizer.id_to_token(i) or "").isalpha() for i in range(len(vectors))])
     partner = antonyms(vectors, ratio, docs, words)
     swapped = swapped_reviews(train_ids, labels, partner, ratio)
-    named = ", ".join(f"{tokenizer.id_to_token(i)} -> {tokenizer.id_to_token(int(partner[i]))}"
-                      for i in np.argsort(-docs) if partner[i] >= 0)[:160]
+    commonest = [i for i in np.argsort(-docs) if partner[i] >= 0][:8]
+    named = ", ".join(f"{tokenizer.id_to_token(int(i))} -> {tokenizer.id_to_token(int(partner[i]))}" for i in commonest)
     console.log(f"swapped reviews: {len(swapped[0])} of {len(train_ids)} training reviews, {int((partner >= 0).sum())} "
-                f"words exchanged ({named}, ...)")
-    return swapped
+                f"words exchanged ({named}, ...), {time.monotonic() - t0:.1f}s")
+    return swapped, vectors
 
 
 # The polarity direction's entries: their root mean square over the words with a weight. Twice a word vector's
@@ -594,8 +599,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         validation.ngram = distributed.broadcast_object(validation.ngram)
     vectors, swaps = None, ([], [])
     if config.swapped_reviews:   # every rank, and on resume: the training texts must be the same everywhere
-        vectors = word_vectors(train_ids + unlabelled_ids, model_config.vocab_size, model_config.d_model, config.seed)
-        swaps = swaps_of(tokenizer, train_ids, train_set.labels, vectors, console)
+        swaps, vectors = swaps_of(tokenizer, train_ids, train_set.labels, unlabelled_ids, model_config, config.seed,
+                                  console)
     if config.word_vectors and not resuming:  # rank 0 alone, as stage 1; on resume last/ holds the trained rows
         distributed.on_main(lambda: start_from_word_vectors(model, train_ids + unlabelled_ids, config.seed, console,
                                                             vectors))
