@@ -216,7 +216,9 @@ class TrainConfig(ReviewRunConfig):
     swapped_reviews: int = setting(0, "times per epoch the transformer sees a copy of each labelled review with its "
                                       "polar words exchanged for their nearest words of the other polarity, under "
                                       "the other label (text.swaps: counterfactuals made by machine; a copy the "
-                                      "words' ratios do not read as the other label is left out); 0: none",
+                                      "words' ratios do not read as the other label is left out); 0: none. Not "
+                                      "in the recipe: in two pairs the held-out revisions moved -0.1 point and "
+                                      "the transformer alone -0.25 (experiments/RESULTS.md)",
                                    check=non_negative, absent=0)
 
     IDENTITY: ClassVar[tuple[str, ...]] = (*ReviewRunConfig.IDENTITY, "batching", "init_from", "layer_decay",

@@ -23,7 +23,8 @@ On IMDB's 25,000 training reviews (a recipe run's tokenizer and word vectors): 2
 -> "decent", "beautiful" -> "ugly", "poor" -> "excellent", "avoid" -> "recommended", and many a loose one:
 "minutes" -> "seasons"), about 4% of a review's tokens are exchanged, 8,360 reviews give a copy, and the run's
 transformer alone reads 93% of the first 2,000 copies as their new label, the n-gram branch, which recognises the
-reviews, 60% (experiments/RESULTS.md, fifty-seventh session).
+reviews, 60%. Trained on, they did not move the held-out revisions (-0.1 point over two pairs, IMDB test -0.08):
+not in the recipe (experiments/RESULTS.md, fifty-seventh session).
 """
 
 from __future__ import annotations
