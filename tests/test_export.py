@@ -82,13 +82,17 @@ def batches(run) -> dict[str, np.ndarray]:
 
 
 def assert_same_logits(torch_run, onnx_run, tokens_by_name: dict[str, np.ndarray]) -> None:
-    """ONNX Runtime's logits are PyTorch's to float32's rounding (relative: a run fitted on very easy data has
-    logits in the hundreds)."""
+    """ONNX Runtime's logits are PyTorch's to float32's rounding of the batch's sums: a run fitted on very easy data
+    has logits in the hundreds, and a small logit of the same batch is a difference of terms that large, so its
+    rounding is the batch's scale's (on an Intel Xeon with AMX one logit of -0.577 of a batch reaching 376 differed
+    by 1.5e-5), a few float32 epsilons of the largest logit."""
     for name, tokens in tokens_by_name.items():
         assert tokens.dtype == np.int64
         expected, got = torch_run.backend.logits(tokens), onnx_run.backend.logits(tokens)
         assert got.dtype == np.float32 and got.shape == (len(tokens), 2), name
-        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=2e-6, err_msg=name)
+        scale = float(np.abs(expected).max())
+        np.testing.assert_allclose(got, expected, atol=1e-5 + 8 * np.finfo(np.float32).eps * scale, rtol=2e-6,
+                                   err_msg=name)
 
 
 @pytest.mark.parametrize("which", ["ngram branch", "pure transformer"])
