@@ -1,5 +1,8 @@
 """Rule-made texts from review sentences (classify.text.edits): negation edits, contrast joins, the lexicon."""
 
+import numpy as np
+import pytest
+
 from classify.text.edits import Lexicon, contrast_joins, negate, negated, negation_pairs, sentences, whole
 
 
@@ -92,6 +95,8 @@ def test_the_lexicon_reads_polar_words_and_ignores_negators():
              "a superb mess"]
     lexicon = Lexicon.fit(texts, [1, 1, 1, 0, 0, 0], min_count=1)
     assert lexicon.ratio["superb"] > 0 > lexicon.ratio["dull"]
+    # "superb": 2 of 3 positive texts, 1 of 3 negative ones, each text counted once; add-one smoothed
+    assert lexicon.ratio["superb"] == pytest.approx(np.log(3 / 4) - np.log(2 / 4))
     assert lexicon.score("not superb") == lexicon.score("superb")  # "not" is no evidence either way
 
 

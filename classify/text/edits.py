@@ -248,10 +248,17 @@ def _conjugated(word: str, seen: set[str]) -> bool:
     return bool(past & seen) and bool(present_participle & seen)
 
 
+def nbsvm_ratios(holding: np.ndarray, documents: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """Wang and Manning's NBSVM ratios. ``holding`` (2, V): how many documents of each class hold each word;
+    ``documents`` (2,): each class's documents -> (V,): log of the share of the second class's documents holding the
+    word over the share of the first's, add-``alpha`` smoothed (> 0 leans to the second class)."""
+    return (np.log((holding[1] + alpha) / (documents[1] + alpha))
+            - np.log((holding[0] + alpha) / (documents[0] + alpha)))
+
+
 @dataclass
 class Lexicon:
-    """Per-word log-count ratios of a two-class corpus (Wang and Manning's NBSVM features): log of how much more
-    often a word occurs in the second class's documents than in the first's, with add-``alpha`` smoothing."""
+    """Per-word log-count ratios of a two-class corpus (``nbsvm_ratios`` of the words of normalised text)."""
 
     ratio: dict[str, float]
     # Base forms of lexical verbs, for "do"-support (``negate``): the words seen after "didn't", "do not", ...
@@ -269,8 +276,8 @@ class Lexicon:
         vocab = [w for w in counts[0].keys() | counts[1].keys() if counts[0][w] + counts[1][w] >= min_count]
         seen = set(vocab)
         verbs = frozenset(w for w, n in after_do.items() if n >= min_count and _conjugated(w, seen))
-        return cls({w: float(np.log((counts[1][w] + alpha) / (docs[1] + alpha))
-                             - np.log((counts[0][w] + alpha) / (docs[0] + alpha))) for w in vocab}, verbs)
+        holding = np.array([[c[w] for w in vocab] for c in counts], dtype=np.float64).reshape(2, len(vocab))
+        return cls(dict(zip(vocab, nbsvm_ratios(holding, np.asarray(docs), alpha).tolist())), verbs)
 
     def score(self, sentence: str) -> float:
         """Summed ratios of the sentence's distinct words, negation words left out: > 0 reads as the second

@@ -12,7 +12,7 @@ Classification via Automatically Generated Counterfactuals", with antonyms from 
 Everything is counted from the training reviews in token ids, with no word list:
 
 - ``log_count_ratios``: each token's polarity, the log of how much more often positive reviews hold it than negative
-  ones (Wang and Manning's NBSVM ratios);
+  ones (Wang and Manning's NBSVM ratios, ``text.edits.nbsvm_ratios``);
 - ``antonyms``: for each polar word, the polar word of the other sign nearest to it in word vectors
   (``text.word_vectors``: words used alike lie near, antonyms among them: "excellent" -> "poor", "boring" ->
   "absorbing"), kept where they are near enough;
@@ -33,6 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .edits import nbsvm_ratios
+
 MIN_RATIO = 0.5        # a word is polar when one class's reviews hold it e^0.5 = 1.65x as often as the other's
 MIN_DOCS = 30          # ... and at least this many training reviews hold it (rarer ratios are noise)
 MIN_SIMILARITY = 0.35  # the least cosine between a word and the partner it is exchanged for
@@ -41,14 +43,13 @@ MARGIN = 1.0           # a copy is kept when its summed ratios lean to the new l
 
 def log_count_ratios(ids: Sequence[np.ndarray], labels: Sequence[int], vocab_size: int,
                      alpha: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Token id lists and their labels (0/1) -> (each token's log-count ratio (V,): log of the share of positive
-    reviews holding it over the share of negative ones, add-``alpha`` smoothed; how many reviews hold it (V,))."""
+    """Token id lists and their labels (0/1) -> (each token's log-count ratio (V,), positive for tokens that positive
+    reviews hold more often: ``text.edits.nbsvm_ratios`` over token ids; how many reviews hold it (V,))."""
     holding = np.zeros((2, vocab_size))
     for text, label in zip(ids, labels):
         holding[label, np.unique(np.asarray(text, dtype=np.int64))] += 1
     reviews = np.bincount(np.asarray(labels, dtype=np.int64), minlength=2)
-    ratio = np.log((holding[1] + alpha) / (reviews[1] + alpha)) - np.log((holding[0] + alpha) / (reviews[0] + alpha))
-    return ratio, holding.sum(axis=0)
+    return nbsvm_ratios(holding, reviews, alpha), holding.sum(axis=0)
 
 
 def antonyms(vectors: np.ndarray, ratio: np.ndarray, docs: np.ndarray, words: np.ndarray,
