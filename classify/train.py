@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
-                               "train_max_len", "spelling", "counterfactual", "counterfactual_repeat",
-                               "counterfactual_pair_weight", "short_texts", "closing_passages",
+                               "train_max_len", "spelling", "counterfactual", "counterfactual_passages",
+                               "counterfactual_repeat", "counterfactual_pair_weight", "short_texts", "closing_passages",
                                "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",

@@ -162,6 +162,11 @@ class TrainConfig(ReviewRunConfig):
                                                "../shared/imdb-counterfactual: IMDB training reviews and their "
                                                "revisions edited so that the label flips); the held-out quarter and "
                                                "pairs whose original is a validation review are left out")
+    counterfactual_passages: bool = setting(False, "also train both branches on each counterfactual pair's edited "
+                                                   "passages: the runs of sentences the revision rewrote, each "
+                                                   "beside its rewriting under the other label (text.counterfactual."
+                                                   "edited_passages), seen as often as the pairs' texts",
+                                            absent=False)
     negation_edits: bool = setting(True, "also train both branches on negation edits of training sentences, each "
                                          "beside its sentence under the opposite label (\"The plot was thin.\" / "
                                          "\"The plot was not thin.\"), and validate on those of the validation "
@@ -227,9 +232,10 @@ class TrainConfig(ReviewRunConfig):
                                            "self_label_share", "ngram_refit", "short_texts", "closing_passages",
                                            "train_max_len", "elided_negation_repeat", "elided_negation_balance",
                                            "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
-                                           "contrast_joins", "counterfactual", "counterfactual_repeat",
-                                           "counterfactual_pair_weight", "negation_edit_repeat",
-                                           "negation_edit_pair_weight", "contrast_join_repeat", "swapped_reviews")
+                                           "contrast_joins", "counterfactual", "counterfactual_passages",
+                                           "counterfactual_repeat", "counterfactual_pair_weight",
+                                           "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat",
+                                           "swapped_reviews")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)

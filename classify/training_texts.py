@@ -23,11 +23,12 @@ from .train_config import TrainConfig
 
 def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
     """The counterfactual pairs --counterfactual trains on (both texts): those outside the held-out quarter whose
-    original is no validation review (its revision would tell validation the answer)."""
+    original is no validation review (its revision would tell validation the answer); with
+    --counterfactual-passages, their edited passages as pairs of their own after them."""
     if not config.counterfactual:
         return Examples([], [])
     _, outside = load_pairs(config.counterfactual, held_out=False).by_original(val.texts)
-    return outside.texts()
+    return (outside + outside.passages() if config.counterfactual_passages else outside).texts()
 
 
 def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> tuple[dict[str, Examples],

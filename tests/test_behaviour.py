@@ -7,7 +7,8 @@ import pytest
 
 from classify.behaviour import NEG, POS, build_suite, score, suite_texts, summary
 from classify.errors import ClassifyError
-from classify.text.counterfactual import HOLDOUT_EVERY, load_pairs
+from classify.text.counterfactual import HOLDOUT_EVERY, Pairs, edited_passages, load_pairs
+from classify.text.data import Examples
 
 
 def test_the_suite_is_the_same_every_time_and_large_enough_to_mean_something():
@@ -71,6 +72,30 @@ def test_counterfactual_pairs_split_into_held_out_and_training_parts(counterfact
         assert pairs.texts().texts == pairs.original.texts + pairs.revised.texts
 
 
+def test_edited_passages_are_the_rewritten_runs_of_sentences_beside_their_rewriting():
+    original = "Long and boring. The cast is fine.<br /><br />I hated it. I left early. Avoid."
+    revised = "Long and gripping. The cast is fine. I loved it. I stayed to the end. Avoid nothing"
+    assert edited_passages(original, revised) == [("Long and boring.", "Long and gripping."),
+                                                  ("I hated it. I left early. Avoid.",
+                                                   "I loved it. I stayed to the end. Avoid nothing")]
+    # a one-sentence pair is its own passage, an unchanged revision has none, and an added sentence no counterpart
+    assert edited_passages("Dull.", "Great.") == [] and edited_passages("Fine. Good.", "Fine. Good.") == []
+    assert edited_passages("It is fine.", "It is fine. I loved it.") == []
+
+
+def test_the_passages_of_pairs_keep_their_labels_and_stay_parallel():
+    pairs = Pairs([1, 2, 3], Examples(["Fine. Dull.", "Bad. Sad.", "Awful. Long. Boring."], [1, 0, 0]),
+                  Examples(["Fine. Fun.", "Good. Glad.", "Great. Long. Gripping."], [0, 1, 1]))
+    passages = pairs.passages()   # pair 2 changed every sentence: no passage of its own
+    assert passages.ids == [1, 3, 3]
+    assert passages.original == Examples(["Dull.", "Awful.", "Boring."], [1, 0, 0])
+    assert passages.revised == Examples(["Fun.", "Great.", "Gripping."], [0, 1, 1])
+    both = pairs + passages
+    assert both.ids == [1, 2, 3, 1, 3, 3]
+    assert both.texts().texts == (pairs.original.texts + passages.original.texts + pairs.revised.texts
+                                  + passages.revised.texts)
+
+
 def test_missing_or_malformed_pairs_are_one_line_errors(tmp_path):
     with pytest.raises(ClassifyError, match="not found"):
         load_pairs(tmp_path, held_out=True)
@@ -80,3 +105,41 @@ def test_missing_or_malformed_pairs_are_one_line_errors(tmp_path):
     pq.write_table(pa.table({"text": ["a"], "label": [1]}), tmp_path / "train.parquet")
     with pytest.raises(ClassifyError, match="cannot read"):
         load_pairs(tmp_path, held_out=True)
+
+
+def test_counterfactual_passages_join_the_pairs_texts_and_train(parquet_data, tmp_path):
+    """--counterfactual-passages: the training pairs' edited passages follow their texts, originals' side with the
+    originals, so the two halves stay parallel; a run trains with it and records it."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from classify.train import main
+    from classify.train_config import TrainConfig
+    from classify.training_texts import counterfactual_examples
+    from conftest import TINY_MODEL_ARGS
+
+    texts, labels, pairs, kinds = [], [], [], []
+    for pair in range(1, 9):   # pair ids not divisible by HOLDOUT_EVERY are trained on
+        opening = f"Movie {pair} opens at night."
+        texts += [f"{opening} It was dull and slow.", f"{opening} It was gripping."]
+        labels += [0, 1]
+        pairs += [pair, pair]
+        kinds += ["original", "revised"]
+    pq.write_table(pa.table({"text": texts, "label": labels, "pair": pairs, "kind": kinds}), tmp_path / "train.parquet")
+    config = TrainConfig(data="unused", counterfactual=str(tmp_path))
+    plain = counterfactual_examples(config, Examples([], []))
+    config.counterfactual_passages = True
+    with_passages = counterfactual_examples(config, Examples([], []))
+    trained = [p for p in range(1, 9) if p % HOLDOUT_EVERY]
+    assert len(plain.texts) == 2 * len(trained) and len(with_passages.texts) == 4 * len(trained)
+    half = len(with_passages.texts) // 2
+    assert with_passages.texts[len(trained): half] == ["It was dull and slow."] * len(trained)
+    assert with_passages.texts[half + len(trained):] == ["It was gripping."] * len(trained)
+    assert with_passages.labels == [0] * half + [1] * half
+
+    out = tmp_path / "run"
+    assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test",
+                 "--counterfactual", str(tmp_path), "--counterfactual-passages", *TINY_MODEL_ARGS]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["counterfactual_passages"] is True

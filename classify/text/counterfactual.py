@@ -13,6 +13,8 @@ Two uses, kept apart by a fixed rule on the pair id:
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,18 @@ from .data import Examples, load_split, normalize
 
 HOLDOUT_EVERY = 4          # pair ids divisible by this are held out for measuring
 FILE = "train.parquet"
+_SENTENCE = re.compile(r"[^.!?]+(?:[.!?]+|$)")   # a trailing fragment without its mark is a sentence too
+
+
+def edited_passages(original: str, revised: str) -> list[tuple[str, str]]:
+    """The passages a person rewrote to flip a review's label: each run of the original's sentences (normalised)
+    that the revision replaced, beside the sentences that replaced it. A passage that is the whole of both texts
+    is left out (it is the pair itself), and so are sentences only added or only deleted, which have no
+    counterpart; what is left keeps the pairs parallel."""
+    a, b = ([s.strip() for s in _SENTENCE.findall(normalize(t)) if s.strip()] for t in (original, revised))
+    return [(" ".join(a[i1:i2]), " ".join(b[j1:j2]))
+            for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+            if tag == "replace" and (i2 - i1, j2 - j1) != (len(a), len(b))]
 
 
 @dataclass
@@ -37,6 +51,21 @@ class Pairs:
     def texts(self) -> Examples:
         """Both texts of every pair, originals first."""
         return Examples(self.original.texts + self.revised.texts, self.original.labels + self.revised.labels)
+
+    def passages(self) -> "Pairs":
+        """The pairs of edited passages (``edited_passages``) of every pair, each side under its text's label:
+        short texts in which nearly every word is one a person changed to flip the label."""
+        rows = [(pair, o, r, o_label, r_label)
+                for pair, o_text, r_text, o_label, r_label in zip(self.ids, self.original.texts, self.revised.texts,
+                                                                   self.original.labels, self.revised.labels)
+                for o, r in edited_passages(o_text, r_text)]
+        ids, o, r, o_labels, r_labels = (list(column) for column in zip(*rows)) if rows else ([], [], [], [], [])
+        return Pairs(ids, Examples(o, o_labels), Examples(r, r_labels))
+
+    def __add__(self, other: "Pairs") -> "Pairs":
+        return Pairs(self.ids + other.ids, *(Examples(a.texts + b.texts, a.labels + b.labels)
+                                             for a, b in ((self.original, other.original),
+                                                          (self.revised, other.revised))))
 
     def by_original(self, texts: list[str]) -> tuple["Pairs", "Pairs"]:
         """(the pairs whose original is one of ``texts``, compared normalised; the others)."""
