@@ -50,7 +50,8 @@ from .text.windows import AUXILIARIES, CONTRACTED, SENTENCE_ENDS, Elision, closi
 from .text.swaps import antonyms, log_count_ratios, swapped_reviews
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
-from .training_texts import LabelledTexts, TransformerExamples, training_parts
+from .training_texts import (COUNTERFACTUAL, EDIT, PASSAGE, REVIEW, LabelledTexts, TransformerExamples, ngram_weights,
+                             training_parts)
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
@@ -70,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "train_max_len", "spelling", "counterfactual", "counterfactual_passages",
-                               "counterfactual_repeat", "counterfactual_pair_weight", "short_texts", "closing_passages",
-                               "elided_negation_repeat", "elided_negation_balance",
+                               "counterfactual_passage_weight", "counterfactual_repeat", "counterfactual_pair_weight",
+                               "short_texts", "closing_passages", "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
                                "contrast_join_repeat", "swapped_reviews"],
@@ -344,9 +345,8 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
                     train: tuple[list[TokenIds], list[int], np.ndarray], val: tuple[list[TokenIds], list[int]],
                     validation: Validation, unlabelled_ids: list[TokenIds],
                     console: Console) -> tuple[np.ndarray, np.ndarray | None]:
-    """Stage 1 of a fresh run, before the transformer trains. ``train``: (ids, labels, (N,) bool: a negation edit
-    or its sentence, which counts --negation-edit-weight in the branch's fits and --teacher-edit-weight in the
-    teacher's, where a review counts 1).
+    """Stage 1 of a fresh run, before the transformer trains. ``train``: (ids, labels, (N,) each text's kind,
+    ``training_texts.REVIEW``, ...: how much it counts in each fit, ``training_texts.ngram_weights``).
 
     - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` labels the unlabelled reviews (kept
       in the run folder). It is the branch's own fit when the two fits' settings are equal (edit weight, min
@@ -360,11 +360,12 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
 
     Returns the teacher's class probabilities for the unlabelled reviews, (N, C) (N = 0 without pseudo-labels),
     and with --word-polarity each word's weight in the first of these fits, (V,), else None."""
-    (train_ids, train_labels, edit), (val_ids, val_labels) = train, val
+    (train_ids, train_labels, kinds), (val_ids, val_labels) = train, val
     towards_positive = torch.tensor([-1.0, 1.0])
     teach = config.pseudo_labels and bool(unlabelled_ids)
     own_teacher = teach and (model.ngram is None or config.teacher_min_count != config.ngram_min_count
-                             or (config.teacher_edit_weight != config.negation_edit_weight and bool(edit.any())))
+                             or (config.teacher_edit_weight != config.negation_edit_weight
+                                 and bool((kinds == EDIT).any())))
 
     def polarity_of(bag: NgramBag) -> np.ndarray | None:
         return bag.word_values(towards_positive).cpu().numpy() if config.word_polarity else None
@@ -374,7 +375,7 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
         teacher = ngram_branch(model.config, model.config.ngram_orders or RECIPE["ngram_orders"])
         teacher = teacher.to(model.head.weight.device)
         labels = self_train_ngram_bag(teacher, train_ids, train_labels, unlabelled_ids, config.ngram_c, False,
-                                      np.where(edit, config.teacher_edit_weight, 1.0), config.teacher_min_count)
+                                      ngram_weights(kinds, config, teacher=True), config.teacher_min_count)
         console.log(f"n-gram teacher (negation edits weighted {config.teacher_edit_weight}, min count "
                     f"{config.teacher_min_count}) fitted on "
                     f"{len(train_ids)} reviews in {time.monotonic() - t:.0f}s; it labels "
@@ -385,7 +386,7 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     def fit_branch(bag: NgramBag) -> tuple[np.ndarray, np.ndarray | None]:
         t = time.monotonic()
         self_train, branch_teaches = config.ngram_self_train, teach and not own_teacher
-        weights = np.where(edit, config.negation_edit_weight, 1.0)
+        weights = ngram_weights(kinds, config)
         labelled_by_fit = self_train_ngram_bag(bag, train_ids, train_labels,
                                                unlabelled_ids if self_train or branch_teaches else [],
                                                config.ngram_c, self_train, weights, config.ngram_min_count)
@@ -564,11 +565,13 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     encode_s_per_text = (time.monotonic() - t_encode) / len(train_ids)
     val_ids, counterfactual_ids = encode(val_set.texts), encode(texts.counterfactual.texts)
     edit_ids, join_ids = encode(texts.edits.texts), encode(texts.joins.texts)
+    passage_ids = encode(texts.passages.texts)
     ends = set(token_ids(tokenizer, SENTENCE_ENDS))
     validation = Validation.build(val_ids, val_set.labels, ends if config.short_texts else None,
                                   {name: (encode(made.texts), made.labels) for name, made in texts.val_made.items()})
     console.log(f"data: {len(train_ids)} train / {len(val_ids)} validation reviews from {config.data}"
                 + (f", {len(counterfactual_ids)} counterfactual texts" if counterfactual_ids else "")
+                + (f" and {len(passage_ids)} of their edited passages" if passage_ids else "")
                 + (f", {len(edit_ids)} negation edits and their sentences" if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins" if join_ids else "")
                 + f"; to validate on: {validation.describe()}"
@@ -582,9 +585,9 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     unlabelled_ids = (encode(unlabelled_split(config.data, config.limit, config.seed).texts)
                       if config.pseudo_labels or (not resuming and model.ngram is not None and config.ngram_self_train)
                       else [])
-    labelled = (train_ids + counterfactual_ids + edit_ids,   # the n-grams' data
-                train_set.labels + texts.counterfactual.labels + texts.edits.labels,
-                np.repeat([False, True], [len(train_ids) + len(counterfactual_ids), len(edit_ids)]))
+    ngram_ids = (train_ids, counterfactual_ids, passage_ids, edit_ids)   # the n-grams' data: texts.ngram_parts()
+    labelled = ([x for ids in ngram_ids for x in ids], [y for part in texts.ngram_parts() for y in part.labels],
+                np.repeat([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT], [len(ids) for ids in ngram_ids]))
     polarity = None
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))
@@ -608,12 +611,14 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
         distributed.on_main(lambda: start_from_word_polarity(model, polarity, config.seed, console))
     # Stage 2: the transformer (the mix is (1, 0) until stage 3, so training sees it alone).
     parts = training_parts(config, (train_ids, train_set.labels), (counterfactual_ids, texts.counterfactual.labels),
-                           (edit_ids, texts.edits.labels), (join_ids, texts.joins.labels), swaps)
+                           (edit_ids, texts.edits.labels), (join_ids, texts.joins.labels),
+                           (passage_ids, texts.passages.labels), swaps)
     examples = TransformerExamples.build(parts, unlabelled_ids[: len(given)], given, config,
                                          ends, Elision.of(tokenizer))
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    + parts[1].describe_pairs() if counterfactual_ids else "")
+                + (f", {len(passage_ids)} edited passages x {config.counterfactual_repeat}" if passage_ids else "")
                 + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
                    + parts[2].describe_pairs() if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")

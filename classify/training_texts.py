@@ -21,14 +21,27 @@ from .text.windows import Elision, closing_passage, closing_sentence, elided_neg
 from .train_config import TrainConfig
 
 
-def counterfactual_examples(config: TrainConfig, val: Examples) -> Examples:
-    """The counterfactual pairs --counterfactual trains on (both texts): those outside the held-out quarter whose
-    original is no validation review (its revision would tell validation the answer); with
-    --counterfactual-passages, their edited passages as pairs of their own after them."""
+def counterfactual_examples(config: TrainConfig, val: Examples) -> tuple[Examples, Examples]:
+    """The counterfactual pairs --counterfactual trains on, both texts, originals first: those outside the
+    held-out quarter whose original is no validation review (its revision would tell validation the answer); and
+    with --counterfactual-passages their edited passages (``text.counterfactual.edited_passages``), the originals'
+    side first (else none)."""
     if not config.counterfactual:
-        return Examples([], [])
+        return Examples([], []), Examples([], [])
     _, outside = load_pairs(config.counterfactual, held_out=False).by_original(val.texts)
-    return (outside + outside.passages() if config.counterfactual_passages else outside).texts()
+    return outside.texts(), outside.passages().texts() if config.counterfactual_passages else Examples([], [])
+
+
+# The kinds of labelled text the n-gram fits read (``LabelledTexts.ngram_parts``, in this order).
+REVIEW, COUNTERFACTUAL, PASSAGE, EDIT = range(4)
+
+
+def ngram_weights(kinds: np.ndarray, config: TrainConfig, teacher: bool = False) -> np.ndarray:
+    """How much each text of kind ``kinds`` (N,) counts in an n-gram fit, (N,): a review or a counterfactual text
+    1, an edited passage --counterfactual-passage-weight, a negation edit --negation-edit-weight (in the
+    ``teacher``'s fit --teacher-edit-weight)."""
+    edit = config.teacher_edit_weight if teacher else config.negation_edit_weight
+    return np.choose(kinds, [1.0, 1.0, config.counterfactual_passage_weight, edit])
 
 
 def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> tuple[dict[str, Examples],
@@ -59,12 +72,13 @@ class LabelledTexts:
     train: Examples
     val: Examples
     counterfactual: Examples
+    passages: Examples              # the counterfactual pairs' edited passages (--counterfactual-passages)
     made: dict[str, Examples]       # to train on: "edit", "join"
     val_made: dict[str, Examples]   # to validate on
 
     @classmethod
     def of(cls, config: TrainConfig, train: Examples, val: Examples) -> "LabelledTexts":
-        return cls(train, val, counterfactual_examples(config, val), *rule_made_examples(config, train, val))
+        return cls(train, val, *counterfactual_examples(config, val), *rule_made_examples(config, train, val))
 
     @property
     def edits(self) -> Examples:
@@ -74,10 +88,15 @@ class LabelledTexts:
     def joins(self) -> Examples:
         return self.made.get("join", Examples([], []))
 
-    def parts(self) -> tuple[Examples, Examples, Examples, Examples]:
-        """The reviews, the counterfactual texts, the negation edits and the contrast joins: the order of
-        ``training_parts``."""
-        return self.train, self.counterfactual, self.edits, self.joins
+    def parts(self) -> tuple[Examples, Examples, Examples, Examples, Examples]:
+        """The reviews, the counterfactual texts, the negation edits, the contrast joins and the edited passages:
+        the order of ``training_parts``."""
+        return self.train, self.counterfactual, self.edits, self.joins, self.passages
+
+    def ngram_parts(self) -> tuple[Examples, Examples, Examples, Examples]:
+        """What the n-gram fits read, one part per kind in the order of ``REVIEW``, ... (``ngram_weights``): the
+        reviews, the counterfactual texts, the edited passages and the negation edits."""
+        return self.train, self.counterfactual, self.passages, self.edits
 
 
 @dataclass
@@ -111,15 +130,17 @@ class TrainingPart:
 
 def training_parts(config: TrainConfig, reviews: tuple[list[TokenIds], list[int]],
                    counterfactual: tuple[list[TokenIds], list[int]], edits: tuple[list[TokenIds], list[int]],
-                   joins: tuple[list[TokenIds], list[int]],
+                   joins: tuple[list[TokenIds], list[int]], passages: tuple[list[TokenIds], list[int]] = ([], []),
                    swaps: tuple[list[TokenIds], list[int]] = ([], [])) -> list[TrainingPart]:
     """Stage 2's labelled parts, each (token ids, labels): the labelled reviews once, then the counterfactual texts
-    (originals, then revisions), the negation edits (sentence, edit, sentence, ...), the contrast joins and the
-    swapped reviews (``text.swaps``), each seen as often as ``config`` says."""
+    (originals, then revisions), the negation edits (sentence, edit, sentence, ...), the contrast joins, the
+    counterfactual pairs' edited passages (as their pairs) and the swapped reviews (``text.swaps``), each seen as
+    often as ``config`` says."""
     return [TrainingPart(*reviews),
             TrainingPart.of(*counterfactual, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
             TrainingPart.of(*edits, config.negation_edit_repeat, config.negation_edit_pair_weight, "alternate"),
             TrainingPart(*joins, config.contrast_join_repeat),
+            TrainingPart.of(*passages, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
             TrainingPart(*swaps, config.swapped_reviews)]
 
 

@@ -58,7 +58,7 @@ from classify.text.tokenize import token_ids
 from classify.text.windows import AUXILIARIES, CONTRACTED
 from classify.train import Validation
 from classify.train_config import TrainConfig
-from classify.training_texts import LabelledTexts
+from classify.training_texts import COUNTERFACTUAL, EDIT, PASSAGE, REVIEW, LabelledTexts, ngram_weights
 
 from . import add_results_args, results_folder
 from .mix_forms import PAIRS, REVISIONS, validation_of
@@ -103,9 +103,9 @@ def parse_variant(text: str) -> Variant:
 class BranchData:
     """A run's branch training texts as ``classify.train`` builds them, as binary feature matrices."""
 
-    train: sp.csr_matrix          # (N, buckets): training reviews, counterfactual texts, negation edits
+    train: sp.csr_matrix          # (N, buckets): LabelledTexts.ngram_parts(), in order
     labels: np.ndarray            # (N,)
-    kind: np.ndarray              # (N,) 0 a training review, 1 a counterfactual text, 2 a negation edit
+    kind: np.ndarray              # (N,) each text's kind: training_texts.REVIEW, ...
     val: sp.csr_matrix            # (V, buckets) the validation reviews
     val_labels: np.ndarray        # (V,)
     unlabelled: sp.csr_matrix | None   # (U, buckets) the unlabelled reviews (students only), or None
@@ -126,12 +126,12 @@ def branch_data(path: str, students: bool, ellipsis: int | None = None) -> Branc
             run.tokenizer, AUXILIARIES + CONTRACTED) if ellipsis else [])
     encode = Preprocessing(run.tokenizer, model_config.max_len, run.truncation).ids
     bag = ngram_branch(model_config)
-    parts = texts.parts()[:3]   # the reviews, the counterfactual texts, the negation edits
+    parts = texts.ngram_parts()   # the reviews, the counterfactual texts, their edited passages, the negation edits
     unlabelled = (feature_matrix(bag, encode(unlabelled_split(config.data, config.limit, config.seed).texts))
                   if students else None)
     return BranchData(feature_matrix(bag, encode([t for part in parts for t in part.texts])),
                       np.asarray([y for part in parts for y in part.labels]),
-                      np.repeat([0, 1, 2], [len(part.texts) for part in parts]),
+                      np.repeat([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT], [len(part.texts) for part in parts]),
                       feature_matrix(bag, encode(texts.val.texts)), np.asarray(texts.val.labels), unlabelled, config,
                       model_config)
 
@@ -147,13 +147,13 @@ def fitted(data: BranchData, variant: Variant, kept: bool):
     if kept:   # the validation reviews count as training reviews
         features = sp.vstack([features, data.val]).tocsr()
         labels = np.concatenate([labels, data.val_labels])
-        kinds = np.concatenate([kinds, np.zeros(len(data.val_labels), dtype=kinds.dtype)])
-    weights = np.choose(kinds, [v.weight if v.kind == "student" else 1.0, 1.0, config.negation_edit_weight])  # (N,)
+        kinds = np.concatenate([kinds, np.full(len(data.val_labels), REVIEW, dtype=kinds.dtype)])
+    weights = ngram_weights(kinds, config) * np.where(kinds == REVIEW, v.weight if v.kind == "student" else 1.0, 1.0)
     bag = ngram_branch(data.model_config)
     if v.kind == "fit":
         fit_features(bag, features, labels, v.c, weights, v.min_count, v.smoothing)
         return bag
-    fit_features(bag, features, labels, config.ngram_c, np.choose(kinds, [1.0, 1.0, config.teacher_edit_weight]),
+    fit_features(bag, features, labels, config.ngram_c, ngram_weights(kinds, config, teacher=True),
                  config.teacher_min_count)                                                # the teacher
     probs = softmax(logits_of(bag, data.unlabelled))                                      # (U, 2)
     u = len(probs)

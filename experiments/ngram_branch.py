@@ -22,6 +22,8 @@ comma-separated list of changes to plain 1-3-grams in 4,194,301 slots (an empty 
   counting P/100 of a review (``classify.train --counterfactual`` fits them at 1): those outside the held-out
   quarter whose original is not a held-out review. Each fold also scores the held-out quarter's revised texts,
   the edited reviews the issue's contrast set stands for.
+* ``passages=P`` (likewise): also fitted on those pairs' edited passages (``--counterfactual-passages``), each
+  counting P/100 of a review (``--counterfactual-passage-weight``).
 * ``min=N``: slots fewer than N of the texts fitted on have keep no weight (``--ngram-min-count``): an n-gram one
   review alone has is mostly that review's fingerprint.
 * ``nb=N``: naive-Bayes' pseudo-count N instead of 1 (``classify.ngrams.fit_features``): the scales of slots few
@@ -75,8 +77,8 @@ from .trainruns import experiment_meta, write_results
 
 ORDERS = 3
 PLAIN = {"vocab": 30_000, "len": 512, "buckets": 4_194_301, "skip": False, "head": 0, "tail": 0, "self": False,
-         "neg": 0, "edits": 0, "cf": 0, "min": 1, "nb": 1, "movies": 0}
-PERCENT_KEYS = ("edits", "cf")   # given in percent: edits=1 weighs each negation edit 0.01
+         "neg": 0, "edits": 0, "cf": 0, "passages": 0, "min": 1, "nb": 1, "movies": 0}
+PERCENT_KEYS = ("edits", "cf", "passages")   # given in percent: edits=1 weighs each negation edit 0.01
 DEFAULT_VARIANTS = ("", "self", "skip", "head=30,tail=60", "skip,head=30,tail=60",
                     "skip,head=30,tail=60,buckets=16777259", "skip,head=30,tail=60,buckets=16777259,self",
                     "len=100000", "vocab=200000", "skip,head=30,tail=60,buckets=16777259,neg=4")
@@ -131,7 +133,8 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
                          for idx, split in ((fit_idx, fit), (held_idx, held)))
     # The pairs classify.train fits, the held-out reviews in the place of its validation reviews: not the held-out
     # quarter, and none whose original is a held-out review (its revision is that review with the other label).
-    pairs = counterfactual_examples(TrainConfig(data=data, counterfactual=counterfactual), held)
+    pairs, passages = counterfactual_examples(TrainConfig(data=data, counterfactual=counterfactual,
+                                                          counterfactual_passages=True), held)
     revised = load_pairs(counterfactual, held_out=True).revised if counterfactual else Examples([], [])
     tokenizers, encoded, out = {}, {}, []
     for v in variants:
@@ -139,12 +142,12 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
             tokenizers[v["vocab"]] = train_tokenizer([texts[i] for i in fit_idx], v["vocab"], "word")
         if (v["vocab"], v["len"]) not in encoded:   # each vocabulary and cut tokenized once
             prepare = Preprocessing(tokenizers[v["vocab"]], v["len"], "head+tail")
-            encoded[v["vocab"], v["len"]] = [prepare.ids(x.texts) for x in (fit, edits, pairs, held, held_edits,
-                                                                             revised)]
-        fit_ids, edit_ids, pair_ids, held_ids, held_edit_ids, revised_ids = encoded[v["vocab"], v["len"]]
+            encoded[v["vocab"], v["len"]] = [prepare.ids(x.texts) for x in (fit, edits, pairs, passages, held,
+                                                                             held_edits, revised)]
+        fit_ids, edit_ids, pair_ids, passage_ids, held_ids, held_edit_ids, revised_ids = encoded[v["vocab"], v["len"]]
         bag = _bag(v, tokenizers[v["vocab"]])
         parts = [(fit_ids, fit.labels, 1.0), (edit_ids, edits.labels, v["edits"] / 100),
-                 (pair_ids, pairs.labels, v["cf"] / 100)]
+                 (pair_ids, pairs.labels, v["cf"] / 100), (passage_ids, passages.labels, v["passages"] / 100)]
         parts = [(ids, labels, weight) for ids, labels, weight in parts if weight]
         weights = np.concatenate([np.full(len(ids), w) for ids, _, w in parts])
         # The movies of the reviews fitted on (``movies=N``: a slot needs N of them); an edit or a pair is in none.
@@ -159,7 +162,8 @@ def fold_scores(data: str, folds: int, fold: int, variants: list[dict], c: float
                     "accuracy": accuracy(bag, held_ids, held.labels),
                     "edit_accuracy": accuracy(bag, held_edit_ids, held_edits.labels),
                     "revised_accuracy": accuracy(bag, revised_ids, revised.labels) if revised_ids else None})
-        print(f"fold {fold}, edits {v['edits'] / 100:g}, pairs {v['cf'] / 100:g}: {out[-1]}", flush=True)
+        print(f"fold {fold}, edits {v['edits'] / 100:g}, pairs {v['cf'] / 100:g}, passages {v['passages'] / 100:g}: "
+              f"{out[-1]}", flush=True)
     return out
 
 
@@ -182,19 +186,21 @@ def cross_validate(args: argparse.Namespace, argv: list[str] | None) -> int:
     lines = [f"Command: `{meta['command']}` ({meta['date']}); {args.folds}-fold cross-validation over the "
              f"{sum(f['reviews'] for f in rows[0]['folds']):,} training reviews, folds grouped by movie; C = {args.c}; "
              f"{args.threads} folds at a time, one thread each. The test split and the suite are not read.", "",
-             "| features | slots | negation edits' weight | counterfactual pairs' weight | texts a weighted slot needs "
+             "| features | slots | negation edits' weight | counterfactual pairs' weight | their edited passages' "
+             "weight | texts a weighted slot needs "
              "| naive-Bayes pseudo-count | movies a weighted slot needs | slots with a weight (mean over folds) "
              "| accuracy, held-out reviews "
              "| difference from the first (± s.e. over folds) | accuracy, held-out edits | accuracy, the held-out "
-             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "quarter's revised reviews |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         edit = f"{r['edits'] / 100:g}" if r["edits"] else "-"
         pairs = f"{r['cf'] / 100:g}" if r["cf"] else "-"
+        passages = f"{r['passages'] / 100:g}" if r["passages"] else "-"
         diff = "-" if r is rows[0] else f"{r['difference'] * 100:+.2f} ± {r['difference_se'] * 100:.2f} points"
         revised = "-" if r["revised_accuracy"] is None else f"{r['revised_accuracy']:.2%}"
         weighted = np.mean([f["weighted_slots"] for f in r["folds"]])
-        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | {r['min']} | {r['nb']} | "
-                     f"{r['movies'] or '-'} | "
+        lines.append(f"| {r['folds'][0]['features']} | {r['buckets']:,} | {edit} | {pairs} | {passages} | "
+                     f"{r['min']} | {r['nb']} | {r['movies'] or '-'} | "
                      f"{weighted:,.0f} | {r['accuracy']:.2%} | {diff} | {r['edit_accuracy']:.2%} | {revised} |")
     write_results(results_folder(args), "ngram_branch_cv", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     return 0
@@ -215,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "that cf=P fits and whose held-out quarter's revisions are scored")
     add_results_args(p, "ngram_branch.json and .md")
     args = p.parse_args(argv)
-    if any(v["cf"] for v in args.variants) and not (args.folds and args.counterfactual):
-        p.error("a cf=P variant needs --folds and --counterfactual")
+    if any(v["cf"] or v["passages"] for v in args.variants) and not (args.folds and args.counterfactual):
+        p.error("a cf=P or passages=P variant needs --folds and --counterfactual")
     if any(v["movies"] for v in args.variants) and not args.folds:
         p.error("a movies=N variant needs --folds")
     if args.folds is not None:

@@ -90,10 +90,6 @@ def test_the_passages_of_pairs_keep_their_labels_and_stay_parallel():
     assert passages.ids == [1, 3, 3]
     assert passages.original == Examples(["Dull.", "Awful.", "Boring."], [1, 0, 0])
     assert passages.revised == Examples(["Fun.", "Great.", "Gripping."], [0, 1, 1])
-    both = pairs + passages
-    assert both.ids == [1, 2, 3, 1, 3, 3]
-    assert both.texts().texts == (pairs.original.texts + passages.original.texts + pairs.revised.texts
-                                  + passages.revised.texts)
 
 
 def test_missing_or_malformed_pairs_are_one_line_errors(tmp_path):
@@ -107,9 +103,9 @@ def test_missing_or_malformed_pairs_are_one_line_errors(tmp_path):
         load_pairs(tmp_path, held_out=True)
 
 
-def test_counterfactual_passages_join_the_pairs_texts_and_train(parquet_data, tmp_path):
-    """--counterfactual-passages: the training pairs' edited passages follow their texts, originals' side with the
-    originals, so the two halves stay parallel; a run trains with it and records it."""
+def test_counterfactual_passages_come_beside_the_pairs_are_weighted_and_train(parquet_data, tmp_path):
+    """--counterfactual-passages: the training pairs' edited passages, originals' side first, beside the pairs'
+    texts; the n-gram fits weigh them by --counterfactual-passage-weight; a run trains with them and records it."""
     import json
 
     import pyarrow as pa
@@ -117,29 +113,40 @@ def test_counterfactual_passages_join_the_pairs_texts_and_train(parquet_data, tm
 
     from classify.train import main
     from classify.train_config import TrainConfig
-    from classify.training_texts import counterfactual_examples
+    from classify.text.windows import Elision
+    from classify.training_texts import (COUNTERFACTUAL, EDIT, PASSAGE, REVIEW, TransformerExamples,
+                                         counterfactual_examples, ngram_weights, training_parts)
     from conftest import TINY_MODEL_ARGS
 
-    texts, labels, pairs, kinds = [], [], [], []
-    for pair in range(1, 9):   # pair ids not divisible by HOLDOUT_EVERY are trained on
-        opening = f"Movie {pair} opens at night."
-        texts += [f"{opening} It was dull and slow.", f"{opening} It was gripping."]
-        labels += [0, 1]
-        pairs += [pair, pair]
-        kinds += ["original", "revised"]
-    pq.write_table(pa.table({"text": texts, "label": labels, "pair": pairs, "kind": kinds}), tmp_path / "train.parquet")
+    rows = [(f"Movie {pair} opens at night. It was {ending}", label, pair, kind) for pair in range(1, 9)
+            for ending, label, kind in (("dull and slow.", 0, "original"), ("gripping.", 1, "revised"))]
+    pq.write_table(pa.table(dict(zip(("text", "label", "pair", "kind"), map(list, zip(*rows))))),
+                   tmp_path / "train.parquet")   # pair ids not divisible by HOLDOUT_EVERY are trained on
     config = TrainConfig(data="unused", counterfactual=str(tmp_path))
-    plain = counterfactual_examples(config, Examples([], []))
+    pairs, none = counterfactual_examples(config, Examples([], []))
     config.counterfactual_passages = True
-    with_passages = counterfactual_examples(config, Examples([], []))
+    same, passages = counterfactual_examples(config, Examples([], []))
     trained = [p for p in range(1, 9) if p % HOLDOUT_EVERY]
-    assert len(plain.texts) == 2 * len(trained) and len(with_passages.texts) == 4 * len(trained)
-    half = len(with_passages.texts) // 2
-    assert with_passages.texts[len(trained): half] == ["It was dull and slow."] * len(trained)
-    assert with_passages.texts[half + len(trained):] == ["It was gripping."] * len(trained)
-    assert with_passages.labels == [0] * half + [1] * half
+    assert none == Examples([], []) and same == pairs and len(pairs.texts) == 2 * len(trained)
+    assert passages == Examples(["It was dull and slow."] * len(trained) + ["It was gripping."] * len(trained),
+                                [0] * len(trained) + [1] * len(trained))
+    # the n-gram fits count a passage --counterfactual-passage-weight, an edit --negation-edit-weight
+    config.counterfactual_passage_weight, config.negation_edit_weight, config.teacher_edit_weight = 0.3, 0.01, 0.1
+    kinds = np.array([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT])
+    assert ngram_weights(kinds, config).tolist() == [1.0, 1.0, 0.3, 0.01]
+    assert ngram_weights(kinds, config, teacher=True).tolist() == [1.0, 1.0, 0.3, 0.1]
+    # the transformer sees them as often as the pairs' texts
+    config.counterfactual_repeat, config.short_texts, config.train_max_len = 2, False, None
+    empty = ([], [])
+    passages = ([np.array([3]), np.array([4])], [0, 1])
+    parts = training_parts(config, ([np.array([1, 2])], [1]), empty, empty, empty, passages)
+    examples = TransformerExamples.build(parts, [], np.zeros((0, 2)), config, set(),
+                                         Elision(frozenset(), frozenset(), None, None, None, frozenset()))
+    assert [x.tolist() for x in examples.ids] == [[1, 2], [3], [4], [3], [4]]
 
     out = tmp_path / "run"
     assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test",
-                 "--counterfactual", str(tmp_path), "--counterfactual-passages", *TINY_MODEL_ARGS]) == 0
-    assert json.loads((out / "config.json").read_text())["train"]["counterfactual_passages"] is True
+                 "--counterfactual", str(tmp_path), "--counterfactual-passages", "--counterfactual-passage-weight",
+                 "0.3", *TINY_MODEL_ARGS]) == 0
+    recorded = json.loads((out / "config.json").read_text())["train"]
+    assert recorded["counterfactual_passages"] is True and recorded["counterfactual_passage_weight"] == 0.3

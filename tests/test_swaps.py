@@ -88,12 +88,12 @@ def test_the_swapped_part_is_seen_as_often_as_the_setting_says():
     reviews = ([np.array([1, 2, 3])], [1])
     swaps = ([np.array([1, 4, 3])], [0])
     empty = ([], [])
-    parts = training_parts(config, reviews, empty, empty, empty, swaps)
+    parts = training_parts(config, reviews, empty, empty, empty, swaps=swaps)
     examples = TransformerExamples.build(parts, [], np.zeros((0, 2)), config, set(), Elision(frozenset(), frozenset(), None, None, None, frozenset()))
     assert [x.tolist() for x in examples.ids] == [[1, 2, 3], [1, 4, 3], [1, 4, 3]]
     assert list(examples.targets) == [1, 0, 0]
     config.swapped_reviews = 0
-    examples = TransformerExamples.build(training_parts(config, reviews, empty, empty, empty, swaps), [],
+    examples = TransformerExamples.build(training_parts(config, reviews, empty, empty, empty, swaps=swaps), [],
                                          np.zeros((0, 2)), config, set(), Elision(frozenset(), frozenset(), None, None, None, frozenset()))
     assert [x.tolist() for x in examples.ids] == [[1, 2, 3]]
 

@@ -62,11 +62,6 @@ class Pairs:
         ids, o, r, o_labels, r_labels = (list(column) for column in zip(*rows)) if rows else ([], [], [], [], [])
         return Pairs(ids, Examples(o, o_labels), Examples(r, r_labels))
 
-    def __add__(self, other: "Pairs") -> "Pairs":
-        return Pairs(self.ids + other.ids, *(Examples(a.texts + b.texts, a.labels + b.labels)
-                                             for a, b in ((self.original, other.original),
-                                                          (self.revised, other.revised))))
-
     def by_original(self, texts: list[str]) -> tuple["Pairs", "Pairs"]:
         """(the pairs whose original is one of ``texts``, compared normalised; the others)."""
         seen = {normalize(t) for t in texts}
