@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "train_max_len", "spelling", "counterfactual", "counterfactual_passages",
-                               "counterfactual_passage_weight", "counterfactual_repeat", "counterfactual_pair_weight",
+                               "counterfactual_passage_weight", "counterfactual_passage_repeat",
+                               "counterfactual_repeat", "counterfactual_pair_weight",
                                "short_texts", "closing_passages", "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
@@ -618,7 +619,8 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
     console.log(f"training the transformer on {len(train_ids)} labelled reviews"
                 + (f", {len(counterfactual_ids)} counterfactual texts x {config.counterfactual_repeat}"
                    + parts[1].describe_pairs() if counterfactual_ids else "")
-                + (f", {len(passage_ids)} edited passages x {config.counterfactual_repeat}" if passage_ids else "")
+                + (f", {len(passage_ids)} edited passages x {config.counterfactual_passage_repeat}"
+                   if passage_ids else "")
                 + (f", {len(edit_ids)} negation edits and sentences x {config.negation_edit_repeat}"
                    + parts[2].describe_pairs() if edit_ids else "")
                 + (f", {len(join_ids)} contrast joins x {config.contrast_join_repeat}" if join_ids else "")

@@ -165,10 +165,13 @@ class TrainConfig(ReviewRunConfig):
     counterfactual_passages: bool = setting(False, "also train both branches on each counterfactual pair's edited "
                                                    "passages: the runs of sentences the revision rewrote, each "
                                                    "beside its rewriting under the other label (text.counterfactual."
-                                                   "edited_passages); the transformer sees them as often as the "
-                                                   "pairs' texts, the n-gram fits count each as "
-                                                   "--counterfactual-passage-weight reviews",
+                                                   "edited_passages); the transformer sees them "
+                                                   "--counterfactual-passage-repeat times an epoch, the n-gram fits "
+                                                   "count each as --counterfactual-passage-weight reviews",
                                             absent=False)
+    counterfactual_passage_repeat: int = setting(4, "times each edited passage is seen per epoch by the transformer "
+                                                    "(see --counterfactual-passages); 0: only the n-gram fits read "
+                                                    "them", check=non_negative, absent=4)
     counterfactual_passage_weight: float = setting(1.0, "how much each edited passage counts in the n-gram fits "
                                                         "(a review counts 1; see --counterfactual-passages)",
                                                    check=positive, absent=1.0)
@@ -238,9 +241,10 @@ class TrainConfig(ReviewRunConfig):
                                            "train_max_len", "elided_negation_repeat", "elided_negation_balance",
                                            "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                            "contrast_joins", "counterfactual", "counterfactual_passages",
-                                           "counterfactual_passage_weight", "counterfactual_repeat",
-                                           "counterfactual_pair_weight", "negation_edit_repeat",
-                                           "negation_edit_pair_weight", "contrast_join_repeat", "swapped_reviews")
+                                           "counterfactual_passage_weight", "counterfactual_passage_repeat",
+                                           "counterfactual_repeat", "counterfactual_pair_weight",
+                                           "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat",
+                                           "swapped_reviews")
 
     def validate(self, model: ClassifierConfig) -> None:
         super().validate(model)

@@ -117,7 +117,7 @@ class TrainingPart:
            layout: str) -> "TrainingPart":
         """Texts that come in pairs, laid out as ``layout`` says ("halves": all first texts, then all second texts;
         "alternate": first, second, first, ...); paired when ``pair_weight`` > 0, else each text on its own."""
-        if not (pair_weight > 0 and ids):
+        if not (pair_weight > 0 and ids and times):
             return cls(ids, labels, times)
         half = len(ids) // 2
         first, second = (slice(0, half), slice(half, None)) if layout == "halves" else (slice(0, None, 2),
@@ -134,13 +134,14 @@ def training_parts(config: TrainConfig, reviews: tuple[list[TokenIds], list[int]
                    swaps: tuple[list[TokenIds], list[int]] = ([], [])) -> list[TrainingPart]:
     """Stage 2's labelled parts, each (token ids, labels): the labelled reviews once, then the counterfactual texts
     (originals, then revisions), the negation edits (sentence, edit, sentence, ...), the contrast joins, the
-    counterfactual pairs' edited passages (as their pairs) and the swapped reviews (``text.swaps``), each seen as
-    often as ``config`` says."""
+    counterfactual pairs' edited passages (laid out as their pairs) and the swapped reviews (``text.swaps``), each
+    seen as often as ``config`` says."""
     return [TrainingPart(*reviews),
             TrainingPart.of(*counterfactual, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
             TrainingPart.of(*edits, config.negation_edit_repeat, config.negation_edit_pair_weight, "alternate"),
             TrainingPart(*joins, config.contrast_join_repeat),
-            TrainingPart.of(*passages, config.counterfactual_repeat, config.counterfactual_pair_weight, "halves"),
+            TrainingPart.of(*passages, config.counterfactual_passage_repeat, config.counterfactual_pair_weight,
+                            "halves"),
             TrainingPart(*swaps, config.swapped_reviews)]
 
 

@@ -135,14 +135,19 @@ def test_counterfactual_passages_come_beside_the_pairs_are_weighted_and_train(pa
     kinds = np.array([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT])
     assert ngram_weights(kinds, config).tolist() == [1.0, 1.0, 0.3, 0.01]
     assert ngram_weights(kinds, config, teacher=True).tolist() == [1.0, 1.0, 0.3, 0.1]
-    # the transformer sees them as often as the pairs' texts
-    config.counterfactual_repeat, config.short_texts, config.train_max_len = 2, False, None
+    # the transformer sees them --counterfactual-passage-repeat times (0: only the n-gram fits read them)
+    config.counterfactual_passage_repeat, config.short_texts, config.train_max_len = 2, False, None
     empty = ([], [])
     passages = ([np.array([3]), np.array([4])], [0, 1])
     parts = training_parts(config, ([np.array([1, 2])], [1]), empty, empty, empty, passages)
     examples = TransformerExamples.build(parts, [], np.zeros((0, 2)), config, set(),
                                          Elision(frozenset(), frozenset(), None, None, None, frozenset()))
     assert [x.tolist() for x in examples.ids] == [[1, 2], [3], [4], [3], [4]]
+    config.counterfactual_passage_repeat, config.counterfactual_pair_weight = 0, 1.0
+    examples = TransformerExamples.build(training_parts(config, ([np.array([1, 2])], [1]), empty, empty, empty,
+                                                        passages), [], np.zeros((0, 2)), config, set(),
+                                         Elision(frozenset(), frozenset(), None, None, None, frozenset()))
+    assert [x.tolist() for x in examples.ids] == [[1, 2]]
 
     out = tmp_path / "run"
     assert main(["--data", str(parquet_data), "--output", str(out), "--max-steps", "1", "--no-test",
