@@ -50,8 +50,7 @@ from .text.windows import AUXILIARIES, CONTRACTED, SENTENCE_ENDS, Elision, closi
 from .text.swaps import antonyms, log_count_ratios, swapped_reviews
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
-from .training_texts import (COUNTERFACTUAL, EDIT, PASSAGE, REVIEW, LabelledTexts, TransformerExamples, ngram_weights,
-                             training_parts)
+from .training_texts import EDIT, LabelledTexts, TransformerExamples, ngram_kinds, ngram_weights, training_parts
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
@@ -588,7 +587,7 @@ def train(args: argparse.Namespace, model_config: ClassifierConfig, config: Trai
                       else [])
     ngram_ids = (train_ids, counterfactual_ids, passage_ids, edit_ids)   # the n-grams' data: texts.ngram_parts()
     labelled = ([x for ids in ngram_ids for x in ids], [y for part in texts.ngram_parts() for y in part.labels],
-                np.repeat([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT], [len(ids) for ids in ngram_ids]))
+                ngram_kinds([len(ids) for ids in ngram_ids]))
     polarity = None
     if resuming:  # the weights come from last/; the unlabelled reviews' labels and held-out logits from the run folder
         given = (distributed.on_main(lambda: saved_pseudo_labels(run, len(unlabelled_ids), model_config.num_classes))

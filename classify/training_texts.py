@@ -36,6 +36,12 @@ def counterfactual_examples(config: TrainConfig, val: Examples) -> tuple[Example
 REVIEW, COUNTERFACTUAL, PASSAGE, EDIT = range(4)
 
 
+def ngram_kinds(sizes: list[int]) -> np.ndarray:
+    """Each text's kind, (sum(sizes),), for the n-gram parts of ``sizes`` texts, in the order of
+    ``LabelledTexts.ngram_parts``."""
+    return np.repeat([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT], sizes)
+
+
 def ngram_weights(kinds: np.ndarray, config: TrainConfig, teacher: bool = False) -> np.ndarray:
     """How much each text of kind ``kinds`` (N,) counts in an n-gram fit, (N,): a review or a counterfactual text
     1, an edited passage --counterfactual-passage-weight, a negation edit --negation-edit-weight (in the

@@ -58,7 +58,7 @@ from classify.text.tokenize import token_ids
 from classify.text.windows import AUXILIARIES, CONTRACTED
 from classify.train import Validation
 from classify.train_config import TrainConfig
-from classify.training_texts import COUNTERFACTUAL, EDIT, PASSAGE, REVIEW, LabelledTexts, ngram_weights
+from classify.training_texts import REVIEW, LabelledTexts, ngram_kinds, ngram_weights
 
 from . import add_results_args, results_folder
 from .mix_forms import PAIRS, REVISIONS, validation_of
@@ -131,7 +131,7 @@ def branch_data(path: str, students: bool, ellipsis: int | None = None) -> Branc
                   if students else None)
     return BranchData(feature_matrix(bag, encode([t for part in parts for t in part.texts])),
                       np.asarray([y for part in parts for y in part.labels]),
-                      np.repeat([REVIEW, COUNTERFACTUAL, PASSAGE, EDIT], [len(part.texts) for part in parts]),
+                      ngram_kinds([len(part.texts) for part in parts]),
                       feature_matrix(bag, encode(texts.val.texts)), np.asarray(texts.val.labels), unlabelled, config,
                       model_config)
 
