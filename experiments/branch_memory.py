@@ -113,12 +113,17 @@ class BranchData:
     model_config: ClassifierConfig
 
 
-def branch_data(path: str, students: bool, ellipsis: int | None = None) -> BranchData:
+def branch_data(path: str, students: bool, ellipsis: int | None = None,
+                passage_weight: float | None = None) -> BranchData:
     """The run's branch training data (``classify.train``'s stage 1); the unlabelled reviews' too for
     ``students``. ``ellipsis``: the branch reads clauses denied by an elided negation over that many words
-    (``--ngram-ellipsis``; 0 not), whatever the run's branch did."""
+    (``--ngram-ellipsis``; 0 not), whatever the run's branch did. ``passage_weight``: the counterfactual pairs'
+    edited passages are among the texts, each counting that much (``--counterfactual-passage-weight``), whether
+    the run read them or not."""
     run = load_run(path, torch.device("cpu"), None)
     config = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
+    if passage_weight is not None:
+        config = replace(config, counterfactual_passages=True, counterfactual_passage_weight=passage_weight)
     texts = LabelledTexts.of(config, *run_training_split(run.config, None))
     model_config = run.backend.model.config
     if ellipsis is not None:   # as classify.train fills in the auxiliaries' ids
@@ -188,18 +193,23 @@ def uncompacted(path: str) -> tuple[dict, Classifier]:
 
 
 def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: NgramBag, mix: np.ndarray,
-               held_out: np.ndarray, folder: Path, model_config: ClassifierConfig) -> Path:
+               held_out: np.ndarray, folder: Path, model_config: ClassifierConfig,
+               passage_weight: float | None = None) -> Path:
     """Write the run at ``path`` (``run``: its config and ``uncompacted`` model, whose branch and mix this
     replaces) with ``variant``'s kept branch and ``mix`` (2, 2), and the branch's held-out logits of the
     validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC`` (``-ellN`` after it where the branch's
-    ``model_config`` reads denied clauses and the run's did not)."""
+    ``model_config`` reads denied clauses and the run's did not; ``-passagesW`` where the branch's fits read the
+    edited passages at ``passage_weight``: ``graft`` in its config.json says so, ``train`` stays the run's, whose
+    teacher and transformer never read them)."""
     config, model = run
     grafted = "" if model_config.ngram_ellipsis == model.config.ngram_ellipsis else f"-ell{model_config.ngram_ellipsis}"
+    grafted += "" if passage_weight is None else f"-passages{passage_weight:g}"
     out = folder / f"{Path(path).name}-min{variant.min_count}-c{variant.c:g}{grafted}"
     out.mkdir(parents=True, exist_ok=True)
     config = {**config, "model": model_config.to_dict(),
               "train": {**config["train"], "ngram_min_count": variant.min_count, "ngram_c": variant.c},
-              "graft": {"from": str(path), "branch": variant.name + grafted, "by": "experiments.branch_memory --save"}}
+              "graft": {"from": str(path), "branch": variant.name + grafted, "by": "experiments.branch_memory --save",
+                        **({} if passage_weight is None else {"counterfactual_passage_weight": passage_weight})}}
     write_json(out / CONFIG, config)
     shutil.copyfile(Path(path) / TOKENIZER, out / TOKENIZER)
     model.ngram.load_state_dict(kept.state_dict())
@@ -210,13 +220,13 @@ def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: 
 
 
 def study(path: str, variants: list[Variant] | None, device, dtype, save: Path | None = None,
-          ellipsis: int | None = None) -> dict:
+          ellipsis: int | None = None, passage_weight: float | None = None) -> dict:
     """Each variant's branch alone, the transformer alone and the mix, per validation group, for one run (no
     ``variants``: the run's own fit); with ``save``, each variant's model written there (``save_graft``);
-    ``ellipsis``: as ``branch_data``."""
+    ``ellipsis``, ``passage_weight``: as ``branch_data``."""
     with torch.inference_mode():
         validation, transformer, _ = validation_of(path, device, dtype, pairs=True)
-    data = branch_data(path, any(v.kind == "student" for v in variants or []), ellipsis)
+    data = branch_data(path, any(v.kind == "student" for v in variants or []), ellipsis, passage_weight)
     variants = variants or [Variant("fit", data.config.ngram_min_count, data.config.ngram_c)]   # the run's own
     y, group, lengths = np.asarray(validation.labels), validation.group, validation.lengths()
     texts = group < PAIRS                              # what the mix is fitted on, as in training
@@ -249,7 +259,8 @@ def study(path: str, variants: list[Variant] | None, device, dtype, save: Path |
         for system, logits in (("ngram", unseen), ("mixed", mixed_logits(mix, transformer, unseen, lengths))):
             row[system][UNSEEN] = float((logits[revisions].argmax(1) == y[revisions]).mean())
         if save is not None:
-            row["saved"] = str(save_graft(path, run, variant, kept, mix, ngram[texts], save, data.model_config))
+            row["saved"] = str(save_graft(path, run, variant, kept, mix, ngram[texts], save, data.model_config,
+                                          passage_weight))
         out["variants"].append(row)
         print(path, {k: row[k] for k in ("variant", "slots", "checkpoint_score", "seconds")}, "mixed", row["mixed"],
               "ngram", row["ngram"], flush=True)
@@ -272,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram-ellipsis", type=int, default=None, metavar="N",
                    help="every variant's branch reads the last N words of a clause denied by an elided negation as "
                         "negated (classify.train's --ngram-ellipsis; 0 not; default: as each run did)")
+    p.add_argument("--counterfactual-passage-weight", type=float, default=None, metavar="W",
+                   help="every variant's fits also read the counterfactual pairs' edited passages, each counting W "
+                        "reviews (classify.train's --counterfactual-passages and --counterfactual-passage-weight), "
+                        "whether the run read them or not; the teacher, and so the transformer, stay the run's, and "
+                        "a student's teacher reads them too (default: as each run did)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
@@ -284,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{path}'s transformer reads its branch's negation scope (--scope-embedding): --ngram-ellipsis "
                     f"{args.ngram_ellipsis} would change what the transformer reads too")
     device, dtype = runtime(argparse.Namespace(device="cpu", precision="auto", threads=args.threads))
-    results = {path: study(path, args.variants, device, dtype, args.save, args.ngram_ellipsis) for path in args.runs}
+    results = {path: study(path, args.variants, device, dtype, args.save, args.ngram_ellipsis,
+                           args.counterfactual_passage_weight) for path in args.runs}
     meta = experiment_meta("experiments.branch_memory", argv if argv is not None else sys.argv[1:])
     groups = list(next(iter(results.values()))["variants"][0]["mixed"])
     lines = [f"Command: `{meta['command']}` ({meta['date']}). Validation only. Per run and branch fit (min count, "

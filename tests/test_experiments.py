@@ -301,8 +301,11 @@ def test_validation_pairs_are_the_training_side_pairs_whose_original_is_a_valida
 def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabelled_data, counterfactual_data,
                                                                          tmp_path):
     import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from classify.engine.runfolder import RunFolder
+    from classify.text.counterfactual import HOLDOUT_EVERY
     from classify.evaluate import run_training_split
     from classify.inference import load_run
     from classify.ngrams import bag_logits
@@ -373,6 +376,34 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
                         str(tmp_path / "grafts"), "--results", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(run)]["variants"][0]["saved"]
     assert saved.endswith("-ell0") and load_run(saved, torch.device("cpu")).model.ngram.ellipsis == 0
+    # --counterfactual-passage-weight: the fits read the pairs' edited passages, which the run never did. The
+    # fixture's pairs are one sentence each (no passage: the whole text), so a copy of the run reads them beside
+    # pairs of two sentences, one rewritten.
+    pairs = pq.read_table(counterfactual_data / "train.parquet").to_pylist()
+    longer = [{"text": f"Movie {pair} opens at night. It was {ending}", "label": label, "pair": pair, "kind": kind,
+               "imdb_split": "train"} for pair in range(100, 112)
+              for ending, label, kind in (("dull and slow.", 0, "original"), ("gripping.", 1, "revised"))]
+    (tmp_path / "longer-pairs").mkdir()
+    pq.write_table(pa.Table.from_pylist(pairs + longer), tmp_path / "longer-pairs" / "train.parquet")
+    reads_longer = tmp_path / "reads-longer-pairs"
+    shutil.copytree(run, reads_longer)
+    config = json.loads((reads_longer / "config.json").read_text())
+    config["train"]["counterfactual"] = str(tmp_path / "longer-pairs")
+    (reads_longer / "config.json").write_text(json.dumps(config))
+    without, with_passages = (branch_data(str(reads_longer), students=False, passage_weight=w) for w in (None, 0.5))
+    trained = sum(1 for p in range(100, 112) if p % HOLDOUT_EVERY)       # the held-out quarter is never read
+    assert with_passages.train.shape[0] == without.train.shape[0] + 2 * trained
+    rows = []
+    for weight in ([], ["--counterfactual-passage-weight", "0.5"]):
+        assert memory_main(["--runs", str(reads_longer), "--variants", "2:1", *weight, "--save",
+                            str(tmp_path / "grafts"), "--results", str(tmp_path)]) == 0
+        rows += json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(reads_longer)]["variants"]
+    control, grafted = (load_run(r["saved"], torch.device("cpu")) for r in rows)
+    assert rows[1]["saved"].endswith("-passages0.5") and grafted.config["graft"]["counterfactual_passage_weight"] == 0.5
+    assert "counterfactual_passage_weight" not in control.config["graft"]
+    assert not grafted.config["train"]["counterfactual_passages"]      # the run's teacher never read them
+    assert not np.allclose(bag_logits(grafted.model.ngram, ids).numpy(), bag_logits(control.model.ngram, ids).numpy(),
+                           atol=1e-4)
     # ... refused for a run whose transformer reads the branch's scope: it would no longer be the run's transformer.
     reads_scope = tmp_path / "reads-scope"
     shutil.copytree(run, reads_scope)
