@@ -50,7 +50,8 @@ from .text.windows import AUXILIARIES, CONTRACTED, SENTENCE_ENDS, Elision, closi
 from .text.swaps import antonyms, log_count_ratios, swapped_reviews
 from .text.word_vectors import SCALE, word_vectors
 from .train_config import TrainConfig
-from .training_texts import EDIT, LabelledTexts, TransformerExamples, ngram_kinds, ngram_weights, training_parts
+from .training_texts import (EDIT, LabelledTexts, TransformerExamples, ngram_kinds, ngram_weights, teacher_reads,
+                             training_parts)
 
 MODEL_FLAGS = ("d_model", "num_heads", "num_layers", "d_ff", "dropout", "attention_dropout", "pooling", "positional",
                "norm_first", "mask_padding", "ngram_orders", "ngram_buckets", "ngram_skip_bigrams", "ngram_head",
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(g, TrainConfig, ["data", "limit", "val_size", "split", "vocab_size", "tokenizer", "truncation",
                                "train_max_len", "spelling", "counterfactual", "counterfactual_passages",
                                "counterfactual_passage_weight", "counterfactual_passage_repeat",
-                               "counterfactual_repeat", "counterfactual_pair_weight",
+                               "teacher_passages", "counterfactual_repeat", "counterfactual_pair_weight",
                                "short_texts", "closing_passages", "elided_negation_repeat", "elided_negation_balance",
                                "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                "negation_edit_repeat", "negation_edit_pair_weight", "contrast_joins",
@@ -348,9 +349,9 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     """Stage 1 of a fresh run, before the transformer trains. ``train``: (ids, labels, (N,) each text's kind,
     ``training_texts.REVIEW``, ...: how much it counts in each fit, ``training_texts.ngram_weights``).
 
-    - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` labels the unlabelled reviews (kept
-      in the run folder). It is the branch's own fit when the two fits' settings are equal (edit weight, min
-      count); otherwise a fit of its own, in a bag of its own (the model's branch's n-grams, or the recipe's
+    - For --pseudo-labels, the teacher: the n-gram model fitted on ``train`` (with --no-teacher-passages less the
+      edited passages) labels the unlabelled reviews (kept in the run folder). It is the branch's own fit when the
+      two fits' settings are equal (edit weight, min count, the passages); otherwise a fit of its own, in a bag of its own (the model's branch's n-grams, or the recipe's
       without a branch, --ngram-orders 0), then dropped. With two threads or more that fit runs on a second
       thread beside the branch's (``engine.background``): liblinear and torch's kernels release the GIL, so on
       two cores the stage takes about the teacher's time instead of the sum (each fit's result is as alone).
@@ -363,9 +364,10 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
     (train_ids, train_labels, kinds), (val_ids, val_labels) = train, val
     towards_positive = torch.tensor([-1.0, 1.0])
     teach = config.pseudo_labels and bool(unlabelled_ids)
+    read = teacher_reads(kinds, config)   # (N,) the texts the teacher's fit reads
     own_teacher = teach and (model.ngram is None or config.teacher_min_count != config.ngram_min_count
                              or (config.teacher_edit_weight != config.negation_edit_weight
-                                 and bool((kinds == EDIT).any())))
+                                 and bool((kinds == EDIT).any())) or not read.all())
 
     def polarity_of(bag: NgramBag) -> np.ndarray | None:
         return bag.word_values(towards_positive).cpu().numpy() if config.word_polarity else None
@@ -374,11 +376,13 @@ def fit_ngram_stage(run: RunFolder, model: Classifier, config: TrainConfig,
         t = time.monotonic()
         teacher = ngram_branch(model.config, model.config.ngram_orders or RECIPE["ngram_orders"])
         teacher = teacher.to(model.head.weight.device)
-        labels = self_train_ngram_bag(teacher, train_ids, train_labels, unlabelled_ids, config.ngram_c, False,
-                                      ngram_weights(kinds, config, teacher=True), config.teacher_min_count)
+        labels = self_train_ngram_bag(teacher, [x for x, r in zip(train_ids, read) if r],
+                                      [y for y, r in zip(train_labels, read) if r], unlabelled_ids, config.ngram_c,
+                                      False, ngram_weights(kinds, config, teacher=True)[read],
+                                      config.teacher_min_count)
         console.log(f"n-gram teacher (negation edits weighted {config.teacher_edit_weight}, min count "
-                    f"{config.teacher_min_count}) fitted on "
-                    f"{len(train_ids)} reviews in {time.monotonic() - t:.0f}s; it labels "
+                    f"{config.teacher_min_count}" + ("" if read.all() else ", without the edited passages")
+                    + f") fitted on {read.sum()} texts in {time.monotonic() - t:.0f}s; it labels "
                     f"{(labels.argmax(1) == 1).mean():.0%} of the unlabelled reviews {LABEL_NAMES[1]}; peak memory "
                     f"{peak_memory()}")
         return labels, polarity_of(teacher)

@@ -177,6 +177,14 @@ class TrainConfig(ReviewRunConfig):
     counterfactual_passage_weight: float = setting(1.0, "how much each edited passage counts in the n-gram fits "
                                                         "(a review counts 1; see --counterfactual-passages)",
                                                    check=positive, absent=1.0)
+    teacher_passages: bool = setting(True, "the n-gram fit that labels the unlabelled reviews for --pseudo-labels (the "
+                                           "teacher) reads the edited passages too (see --counterfactual-passages); "
+                                           "--no-teacher-passages: only the fits of the branch the model keeps read "
+                                           "them, so that with --counterfactual-passage-repeat 0 the transformer "
+                                           "trains as without them. Grafted onto two runs at weight 0.3, that "
+                                           "branch moved the held-out revisions +1.8 points and IMDB test +0.02 "
+                                           "(experiments/RESULTS.md); not yet trained as a pair",
+                                     absent=True)
     negation_edits: bool = setting(True, "also train both branches on negation edits of training sentences, each "
                                          "beside its sentence under the opposite label (\"The plot was thin.\" / "
                                          "\"The plot was not thin.\"), and validate on those of the validation "
@@ -244,7 +252,7 @@ class TrainConfig(ReviewRunConfig):
                                            "negation_edits", "negators", "negation_edit_weight", "teacher_edit_weight",
                                            "contrast_joins", "counterfactual", "counterfactual_passages",
                                            "counterfactual_passage_weight", "counterfactual_passage_repeat",
-                                           "counterfactual_repeat", "counterfactual_pair_weight",
+                                           "teacher_passages", "counterfactual_repeat", "counterfactual_pair_weight",
                                            "negation_edit_repeat", "negation_edit_pair_weight", "contrast_join_repeat",
                                            "swapped_reviews")
 

@@ -50,6 +50,12 @@ def ngram_weights(kinds: np.ndarray, config: TrainConfig, teacher: bool = False)
     return np.choose(kinds, [1.0, 1.0, config.counterfactual_passage_weight, edit])
 
 
+def teacher_reads(kinds: np.ndarray, config: TrainConfig) -> np.ndarray:
+    """Which of the texts of kind ``kinds`` (N,) the teacher's n-gram fit reads, (N,) bool: all of them, or with
+    --no-teacher-passages all but the edited passages (left out, not weighted 0: a slot's min count counts texts)."""
+    return np.ones(len(kinds), dtype=bool) if config.teacher_passages else kinds != PASSAGE
+
+
 def rule_made_examples(config: TrainConfig, train: Examples, val: Examples) -> tuple[dict[str, Examples],
                                                                                    dict[str, Examples]]:
     """--negation-edits and --contrast-joins (``text.edits``): the rule-made texts cut from the training reviews,

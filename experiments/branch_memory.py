@@ -58,7 +58,7 @@ from classify.text.tokenize import token_ids
 from classify.text.windows import AUXILIARIES, CONTRACTED
 from classify.train import Validation
 from classify.train_config import TrainConfig
-from classify.training_texts import REVIEW, LabelledTexts, ngram_kinds, ngram_weights
+from classify.training_texts import REVIEW, LabelledTexts, ngram_kinds, ngram_weights, teacher_reads
 
 from . import add_results_args, results_folder
 from .mix_forms import PAIRS, REVISIONS, validation_of
@@ -118,11 +118,13 @@ def branch_data(path: str, students: bool, ellipsis: int | None = None,
     """The run's branch training data (``classify.train``'s stage 1); the unlabelled reviews' too for
     ``students``. ``ellipsis``: the branch reads clauses denied by an elided negation over that many words
     (``--ngram-ellipsis``; 0 not), whatever the run's branch did. ``passage_weight``: the counterfactual pairs'
-    edited passages are among the texts, each counting that much (``--counterfactual-passage-weight``), whether
-    the run read them or not."""
+    edited passages are among the texts, each counting that much (``--counterfactual-passage-weight``; 0: none
+    are), whether the run read them or not."""
     run = load_run(path, torch.device("cpu"), None)
     config = TrainConfig(**{k: v for k, v in run.config["train"].items() if k in TrainConfig.__dataclass_fields__})
-    if passage_weight is not None:
+    if passage_weight == 0:   # the fits without them, whatever the run did
+        config = replace(config, counterfactual_passages=False)
+    elif passage_weight is not None:
         config = replace(config, counterfactual_passages=True, counterfactual_passage_weight=passage_weight)
     texts = LabelledTexts.of(config, *run_training_split(run.config, None))
     model_config = run.backend.model.config
@@ -158,7 +160,8 @@ def fitted(data: BranchData, variant: Variant, kept: bool):
     if v.kind == "fit":
         fit_features(bag, features, labels, v.c, weights, v.min_count, v.smoothing)
         return bag
-    fit_features(bag, features, labels, config.ngram_c, ngram_weights(kinds, config, teacher=True),
+    read = teacher_reads(kinds, config)                                                   # the teacher's texts
+    fit_features(bag, features[read], labels[read], config.ngram_c, ngram_weights(kinds, config, teacher=True)[read],
                  config.teacher_min_count)                                                # the teacher
     probs = softmax(logits_of(bag, data.unlabelled))                                      # (U, 2)
     u = len(probs)
@@ -199,8 +202,8 @@ def save_graft(path: str, run: tuple[dict, Classifier], variant: Variant, kept: 
     replaces) with ``variant``'s kept branch and ``mix`` (2, 2), and the branch's held-out logits of the
     validation texts ``held_out`` (V, C), as ``folder/RUN-minMIN-cC`` (``-ellN`` after it where the branch's
     ``model_config`` reads denied clauses and the run's did not; ``-passagesW`` where the branch's fits read the
-    edited passages at ``passage_weight``: ``graft`` in its config.json says so, ``train`` stays the run's, whose
-    teacher and transformer never read them)."""
+    edited passages at ``passage_weight`` (0: not, whatever the run's did): ``graft`` in its config.json says so,
+    ``train`` stays the run's, whose teacher and transformer are the graft's)."""
     config, model = run
     grafted = "" if model_config.ngram_ellipsis == model.config.ngram_ellipsis else f"-ell{model_config.ngram_ellipsis}"
     grafted += "" if passage_weight is None else f"-passages{passage_weight:g}"
@@ -287,13 +290,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="every variant's fits also read the counterfactual pairs' edited passages, each counting W "
                         "reviews (classify.train's --counterfactual-passages and --counterfactual-passage-weight), "
                         "whether the run read them or not; the teacher, and so the transformer, stay the run's, and "
-                        "a student's teacher reads them too (default: as each run did)")
+                        "a student's teacher reads them too unless the run had --no-teacher-passages (the fits a run "
+                        "with --counterfactual-passage-repeat 0 --no-teacher-passages keeps); 0: none of the fits "
+                        "read them, whatever the run did (such a run's control; default: as each run did)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--name", default="branch_memory", help="the report's file name")
     add_results_args(p, "NAME.json and .md")
     args = p.parse_args(argv)
     if args.save is not None and any(v.kind != "fit" or v.smoothing != 1 for v in args.variants or []):
         p.error("--save writes MIN:C variants only: a run's config.json cannot describe the others")
+    if args.counterfactual_passage_weight is not None and args.counterfactual_passage_weight < 0:
+        p.error(f"--counterfactual-passage-weight must be >= 0, got {args.counterfactual_passage_weight:g}")
     for path in args.runs if args.ngram_ellipsis is not None else []:
         _, model = read_model_config(path, KIND, ClassifierConfig)
         if model.scope_embedding and model.ngram_ellipsis != args.ngram_ellipsis:

@@ -394,16 +394,23 @@ def test_branch_memory_rebuilds_the_runs_branch_and_scores_each_variant(unlabell
     trained = sum(1 for p in range(100, 112) if p % HOLDOUT_EVERY)       # the held-out quarter is never read
     assert with_passages.train.shape[0] == without.train.shape[0] + 2 * trained
     rows = []
-    for weight in ([], ["--counterfactual-passage-weight", "0.5"]):
+    for weight in ([], ["--counterfactual-passage-weight", "0.5"], ["--counterfactual-passage-weight", "0"]):
         assert memory_main(["--runs", str(reads_longer), "--variants", "2:1", *weight, "--save",
                             str(tmp_path / "grafts"), "--results", str(tmp_path)]) == 0
         rows += json.loads((tmp_path / "branch_memory.json").read_text())["runs"][str(reads_longer)]["variants"]
-    control, grafted = (load_run(r["saved"], torch.device("cpu")) for r in rows)
+    control, grafted, without = (load_run(r["saved"], torch.device("cpu")) for r in rows)
     assert rows[1]["saved"].endswith("-passages0.5") and grafted.config["graft"]["counterfactual_passage_weight"] == 0.5
     assert "counterfactual_passage_weight" not in control.config["graft"]
     assert not grafted.config["train"]["counterfactual_passages"]      # the run's teacher never read them
     assert not np.allclose(bag_logits(grafted.model.ngram, ids).numpy(), bag_logits(control.model.ngram, ids).numpy(),
                            atol=1e-4)
+    # ... and at 0 none of the fits reads them, whatever the run did: here the run's own branch again.
+    assert rows[2]["saved"].endswith("-passages0")
+    np.testing.assert_array_equal(bag_logits(without.model.ngram, ids).numpy(),
+                                  bag_logits(control.model.ngram, ids).numpy())
+    with pytest.raises(SystemExit) as refused:
+        memory_main(["--runs", str(reads_longer), "--counterfactual-passage-weight", "-1"])
+    assert refused.value.code == 2
     # ... refused for a run whose transformer reads the branch's scope: it would no longer be the run's transformer.
     reads_scope = tmp_path / "reads-scope"
     shutil.copytree(run, reads_scope)

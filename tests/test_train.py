@@ -423,6 +423,39 @@ def test_the_teacher_and_the_kept_branch_are_fitted_each_by_its_own_flag(unlabel
     assert not torch.equal(both["branch"], teacher_only["branch"])
 
 
+def test_without_teacher_passages_the_kept_branch_alone_reads_the_edited_passages(unlabelled_data, tmp_path):
+    """--no-teacher-passages: the teacher labels the unlabelled reviews as in a run without the passages, and the
+    branch the model keeps is fitted as in a run whose fits all read them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [(f"Movie {pair} opens at night. It was {ending}", label, pair, kind) for pair in range(1, 13)
+            for ending, label, kind in (("boring and awful.", 0, "original"), ("superb, not dull.", 1, "revised"))]
+    pq.write_table(pa.table(dict(zip(("text", "label", "pair", "kind"), map(list, zip(*rows))))),
+                   tmp_path / "train.parquet")   # two sentences a pair: one passage each side
+
+    def run(name: str, *flags: str) -> dict:
+        out = tmp_path / name
+        assert main(["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "1", "--no-test",
+                     *TINY_MODEL_ARGS, "--counterfactual", str(tmp_path), *flags]) == 0
+        return {"teacher": json.loads((out / "pseudo_labels.json").read_text())["teacher"],
+                "labels": RunFolder(out, "classifier").pseudo_labels(2),
+                "branch": load_tensors(out / "model.safetensors")["ngram.weight"],
+                "recorded": json.loads((out / "config.json").read_text())["train"]["teacher_passages"]}
+
+    passages = ["--counterfactual-passages", "--counterfactual-passage-weight", "0.5",
+                "--counterfactual-passage-repeat", "0", "--teacher-min-count", "2", "--no-negation-edits"]
+    # (the teacher's other settings the branch's: one fit unless the passages tell them apart)
+    without, everywhere = run("without", *passages[-3:]), run("everywhere", *passages)
+    kept_only = run("kept-only", *passages, "--no-teacher-passages")
+    assert (everywhere["teacher"], kept_only["teacher"]) == ("n-gram branch, first fit", "n-gram teacher")
+    assert (everywhere["recorded"], kept_only["recorded"]) == (True, False)
+    np.testing.assert_array_equal(kept_only["labels"], without["labels"])
+    assert not np.allclose(everywhere["labels"], without["labels"])   # (the passages matter on this data)
+    torch.testing.assert_close(kept_only["branch"], everywhere["branch"], rtol=0, atol=0)
+    assert not torch.equal(kept_only["branch"], without["branch"])
+
+
 def test_a_resume_whose_pseudo_labels_do_not_match_is_refused(unlabelled_data, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--data", str(unlabelled_data), "--output", str(out), "--max-steps", "2", "--no-test", *TINY_MODEL_ARGS]
